@@ -1,0 +1,752 @@
+//! Canonical JSON exactly as CPython's
+//! `json.dumps(v, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)`
+//! writes it, and the SHA-256 digests taken of it.
+//!
+//! Two entry points produce the same bytes:
+//! - [`canonicalize_text`] turns raw JSON text straight into canonical text without building a
+//!   tree (the hot path of the materialized digest: strings without escapes are copied as they are);
+//! - [`canonical_value`] serialises an already parsed [`serde_json::Value`] (configuration
+//!   identities, manifests).
+//!
+//! Invariants (what CPython does, measured in `../shared/conformance/canonical-json.jsonl`):
+//! - object keys sorted by code point (= byte order of their UTF-8), duplicate keys: the last wins;
+//! - integers keep arbitrary precision (`-0` is `0`); anything with `.`/`e`/`E` is a float printed
+//!   like Python's `repr` (`1e+16`, `1e-05`, `1.0`, `-0.0`);
+//! - NaN, infinities (also from overflow such as `1e400`) and lone surrogates are refused;
+//! - limits: nesting depth [`MAX_DEPTH`], integer length [`MAX_INT_DIGITS`] (CPython's own
+//!   `int_max_str_digits`); beyond them a clear error, never a crash.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+
+/// Deepest nesting accepted (CPython's recursion limit allows ~1,000; serde_json 128 by default).
+pub const MAX_DEPTH: usize = 512;
+/// Longest integer accepted, in digits: CPython 3.11 refuses longer ones when parsing.
+pub const MAX_INT_DIGITS: usize = 4300;
+
+/// Why a JSON text or value has no canonical form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CanonicalError {
+    #[error("invalid JSON at byte {offset}: {reason}")]
+    Syntax { offset: usize, reason: &'static str },
+    #[error("the text is not valid UTF-8 (byte {offset})")]
+    Utf8 { offset: usize },
+    #[error("NaN and infinite numbers have no JSON form (byte {offset})")]
+    NonFinite { offset: usize },
+    #[error("lone UTF-16 surrogate in a string escape (byte {offset}) cannot be encoded as UTF-8")]
+    LoneSurrogate { offset: usize },
+    #[error("nesting deeper than {MAX_DEPTH} levels (byte {offset})")]
+    TooDeep { offset: usize },
+    #[error("integer longer than {MAX_INT_DIGITS} digits (byte {offset})")]
+    IntegerTooLong { offset: usize },
+}
+
+/// SHA-256 of canonical text, lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex(&Sha256::digest(bytes))
+}
+
+/// Lowercase hex of a byte string.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// `_digest(value)`: SHA-256 of the canonical JSON of a value.
+pub fn digest(value: &Value) -> Result<String, CanonicalError> {
+    Ok(sha256_hex(canonical_value(value)?.as_bytes()))
+}
+
+/// Canonical JSON of raw JSON text, then its SHA-256.
+pub fn digest_text(text: &[u8]) -> Result<String, CanonicalError> {
+    let mut out = Vec::with_capacity(text.len());
+    canonicalize_text(text, &mut out)?;
+    Ok(sha256_hex(&out))
+}
+
+/// Canonical JSON of a parsed value.
+pub fn canonical_value(value: &Value) -> Result<String, CanonicalError> {
+    let mut out = Vec::new();
+    write_value(value, &mut out, 0)?;
+    // Only UTF-8 was ever written: keys and strings come from `String`s, the rest is ASCII.
+    String::from_utf8(out).map_err(|e| CanonicalError::Utf8 {
+        offset: e.utf8_error().valid_up_to(),
+    })
+}
+
+fn write_value(value: &Value, out: &mut Vec<u8>, depth: usize) -> Result<(), CanonicalError> {
+    if depth > MAX_DEPTH {
+        return Err(CanonicalError::TooDeep { offset: 0 });
+    }
+    match value {
+        Value::Null => out.extend_from_slice(b"null"),
+        Value::Bool(true) => out.extend_from_slice(b"true"),
+        Value::Bool(false) => out.extend_from_slice(b"false"),
+        Value::Number(n) => write_number_text(n.to_string().as_bytes(), 0, out)?,
+        Value::String(s) => write_string(s.as_bytes(), out),
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_value(item, out, depth + 1)?;
+            }
+            out.push(b']');
+        }
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (key, item)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_string(key.as_bytes(), out);
+                out.push(b':');
+                write_value(item, out, depth + 1)?;
+            }
+            out.push(b'}');
+        }
+    }
+    Ok(())
+}
+
+/// Writes a decoded (valid UTF-8) string with Python's `ensure_ascii=False` escapes.
+pub(crate) fn write_string(s: &[u8], out: &mut Vec<u8>) {
+    out.push(b'"');
+    let mut start = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&s[start..i]);
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX_DIGITS[(b >> 4) as usize]);
+            out.push(HEX_DIGITS[(b & 0xf) as usize]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&s[start..]);
+    out.push(b'"');
+}
+
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Writes a JSON number token the way CPython re-serialises what `json.loads` made of it.
+fn write_number_text(text: &[u8], offset: usize, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+    let is_float = text.iter().any(|&b| matches!(b, b'.' | b'e' | b'E'));
+    if !is_float {
+        let digits = text.strip_prefix(b"-").unwrap_or(text);
+        if digits.len() > MAX_INT_DIGITS {
+            return Err(CanonicalError::IntegerTooLong { offset });
+        }
+        if digits == b"0" {
+            out.push(b'0');
+        } else {
+            out.extend_from_slice(text);
+        }
+        return Ok(());
+    }
+    // The token is ASCII by construction (validated by the caller's grammar).
+    let as_str = std::str::from_utf8(text).map_err(|_| CanonicalError::Syntax {
+        offset,
+        reason: "bad number",
+    })?;
+    let parsed: f64 = as_str.parse().map_err(|_| CanonicalError::Syntax {
+        offset,
+        reason: "bad number",
+    })?;
+    if !parsed.is_finite() {
+        return Err(CanonicalError::NonFinite { offset });
+    }
+    write_python_float(parsed, out);
+    Ok(())
+}
+
+/// Python's `repr(float)` for a finite float: shortest round-trip digits (from ryu), laid out
+/// with exponent form when the decimal exponent is < -4 or >= 16.
+pub fn python_float_repr(value: f64) -> String {
+    let mut out = Vec::with_capacity(24);
+    write_python_float(value, &mut out);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+pub(crate) fn write_python_float(value: f64, out: &mut Vec<u8>) {
+    debug_assert!(value.is_finite());
+    if value.is_sign_negative() {
+        out.push(b'-');
+    }
+    let magnitude = value.abs();
+    if magnitude == 0.0 {
+        out.extend_from_slice(b"0.0");
+        return;
+    }
+    let mut buffer = ryu::Buffer::new();
+    let text = buffer.format_finite(magnitude).as_bytes();
+    // Split ryu's layout into significant digits and `decpt` (value = 0.DIGITS * 10^decpt).
+    let (mantissa, exponent) = match text.iter().position(|&b| b == b'e') {
+        Some(at) => (&text[..at], parse_exponent(&text[at + 1..])),
+        None => (text, 0),
+    };
+    let mut digits = [0u8; 32];
+    let mut count = 0usize;
+    let mut integer_digits = 0i32;
+    let mut seen_dot = false;
+    for &b in mantissa {
+        if b == b'.' {
+            seen_dot = true;
+            continue;
+        }
+        if !seen_dot {
+            integer_digits += 1;
+        }
+        digits[count] = b;
+        count += 1;
+    }
+    let mut decpt = integer_digits + exponent;
+    let mut first = 0;
+    while first < count && digits[first] == b'0' {
+        first += 1;
+        decpt -= 1;
+    }
+    let mut last = count;
+    while last > first && digits[last - 1] == b'0' {
+        last -= 1;
+    }
+    let digits = &digits[first..last];
+    let n = digits.len() as i32;
+    if decpt > -4 && decpt <= 16 {
+        if decpt <= 0 {
+            out.extend_from_slice(b"0.");
+            out.extend(std::iter::repeat_n(b'0', (-decpt) as usize));
+            out.extend_from_slice(digits);
+        } else if decpt < n {
+            out.extend_from_slice(&digits[..decpt as usize]);
+            out.push(b'.');
+            out.extend_from_slice(&digits[decpt as usize..]);
+        } else {
+            out.extend_from_slice(digits);
+            out.extend(std::iter::repeat_n(b'0', (decpt - n) as usize));
+            out.extend_from_slice(b".0");
+        }
+    } else {
+        out.push(digits[0]);
+        if n > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        let e = decpt - 1;
+        out.push(b'e');
+        out.push(if e < 0 { b'-' } else { b'+' });
+        let e = e.unsigned_abs();
+        if e < 10 {
+            out.push(b'0');
+        }
+        out.extend_from_slice(e.to_string().as_bytes());
+    }
+}
+
+fn parse_exponent(text: &[u8]) -> i32 {
+    let (negative, digits) = match text.first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    };
+    let magnitude = digits
+        .iter()
+        .fold(0i32, |acc, &d| acc * 10 + i32::from(d - b'0'));
+    if negative { -magnitude } else { magnitude }
+}
+
+/// Canonical JSON of one JSON text (surrounding JSON whitespace allowed), appended to `out`.
+///
+/// Accepts exactly what CPython's `json.loads` accepts, except values CPython would then refuse
+/// to digest (NaN, infinities, lone surrogates), which are errors here directly.
+pub fn canonicalize_text(input: &[u8], out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+    if let Err(e) = std::str::from_utf8(input) {
+        return Err(CanonicalError::Utf8 {
+            offset: e.valid_up_to(),
+        });
+    }
+    let mut parser = TextCanonicalizer {
+        input,
+        pos: 0,
+        keys: Vec::new(),
+        members: Vec::new(),
+        scratch: Vec::new(),
+    };
+    parser.skip_ws();
+    parser.value(out, 0)?;
+    parser.skip_ws();
+    if parser.pos != input.len() {
+        return Err(parser.syntax("extra data after the JSON value"));
+    }
+    Ok(())
+}
+
+/// One object member seen while canonicalizing: where its decoded key and its canonical text are.
+#[derive(Clone, Copy)]
+struct Member {
+    /// Decoded key: a range of the input (no escapes) or of the key scratch buffer.
+    key_in_input: bool,
+    key_start: usize,
+    key_end: usize,
+    /// Canonical `"key":value` text inside the output buffer.
+    text_start: usize,
+    text_end: usize,
+}
+
+struct TextCanonicalizer<'a> {
+    input: &'a [u8],
+    pos: usize,
+    /// Decoded keys that contained escapes (stack discipline per object).
+    keys: Vec<u8>,
+    /// Members of the objects being parsed (stack discipline per object).
+    members: Vec<Member>,
+    /// Reordering buffer.
+    scratch: Vec<u8>,
+}
+
+impl TextCanonicalizer<'_> {
+    fn syntax(&self, reason: &'static str) -> CanonicalError {
+        CanonicalError::Syntax {
+            offset: self.pos,
+            reason,
+        }
+    }
+
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(&b) = self.input.get(self.pos) {
+            if matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn value(&mut self, out: &mut Vec<u8>, depth: usize) -> Result<(), CanonicalError> {
+        match self.input.get(self.pos) {
+            Some(b'{') => self.object(out, depth + 1),
+            Some(b'[') => self.array(out, depth + 1),
+            Some(b'"') => {
+                self.pos += 1;
+                self.string_value(out)
+            }
+            Some(b't') => self.literal(b"true", out),
+            Some(b'f') => self.literal(b"false", out),
+            Some(b'n') => self.literal(b"null", out),
+            Some(b'N') if self.input[self.pos..].starts_with(b"NaN") => {
+                Err(CanonicalError::NonFinite { offset: self.pos })
+            }
+            Some(b'I') if self.input[self.pos..].starts_with(b"Infinity") => {
+                Err(CanonicalError::NonFinite { offset: self.pos })
+            }
+            Some(b'-') if self.input[self.pos..].starts_with(b"-Infinity") => {
+                Err(CanonicalError::NonFinite { offset: self.pos })
+            }
+            Some(b'-' | b'0'..=b'9') => self.number(out),
+            Some(_) => Err(self.syntax("expected a value")),
+            None => Err(self.syntax("unexpected end of input")),
+        }
+    }
+
+    fn literal(&mut self, word: &'static [u8], out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+        if self.input[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            out.extend_from_slice(word);
+            Ok(())
+        } else {
+            Err(self.syntax("expected a value"))
+        }
+    }
+
+    fn number(&mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+        let start = self.pos;
+        let bytes = self.input;
+        let mut p = self.pos;
+        if bytes.get(p) == Some(&b'-') {
+            p += 1;
+        }
+        match bytes.get(p) {
+            Some(b'0') => p += 1,
+            Some(b'1'..=b'9') => {
+                while matches!(bytes.get(p), Some(b'0'..=b'9')) {
+                    p += 1;
+                }
+            }
+            _ => {
+                self.pos = p;
+                return Err(self.syntax("expected a digit"));
+            }
+        }
+        // Like CPython's scanner: a fraction or exponent without digits ends the number there,
+        // and the stray character is then a syntax error of the enclosing structure.
+        if bytes.get(p) == Some(&b'.') && matches!(bytes.get(p + 1), Some(b'0'..=b'9')) {
+            p += 2;
+            while matches!(bytes.get(p), Some(b'0'..=b'9')) {
+                p += 1;
+            }
+        }
+        if matches!(bytes.get(p), Some(b'e' | b'E')) {
+            let mut q = p + 1;
+            if matches!(bytes.get(q), Some(b'+' | b'-')) {
+                q += 1;
+            }
+            if matches!(bytes.get(q), Some(b'0'..=b'9')) {
+                while matches!(bytes.get(q), Some(b'0'..=b'9')) {
+                    q += 1;
+                }
+                p = q;
+            }
+        }
+        self.pos = p;
+        write_number_text(&bytes[start..p], start, out)
+    }
+
+    /// Parses a string body (after the opening quote) and writes its canonical form.
+    fn string_value(&mut self, out: &mut Vec<u8>) -> Result<(), CanonicalError> {
+        out.push(b'"');
+        let bytes = self.input;
+        loop {
+            let rest = &bytes[self.pos..];
+            // Copy the longest run that needs no escaping either way.
+            let run = rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                .unwrap_or(rest.len());
+            out.extend_from_slice(&rest[..run]);
+            self.pos += run;
+            match bytes.get(self.pos) {
+                Some(b'"') => {
+                    self.pos += 1;
+                    out.push(b'"');
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    let mut decoded = [0u8; 4];
+                    let len = self.escape(&mut decoded)?;
+                    write_string_body(&decoded[..len], out);
+                }
+                Some(_) => return Err(self.syntax("control character in a string")),
+                None => return Err(self.syntax("unterminated string")),
+            }
+        }
+    }
+
+    /// Parses a key (after its opening quote); returns its decoded bytes' location.
+    fn key(&mut self) -> Result<(bool, usize, usize), CanonicalError> {
+        let bytes = self.input;
+        let start = self.pos;
+        let run = bytes[start..]
+            .iter()
+            .position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+        match run.map(|r| (r, bytes[start + r])) {
+            Some((r, b'"')) => {
+                self.pos = start + r + 1;
+                return Ok((true, start, start + r));
+            }
+            Some((_, b'\\')) => {}
+            Some(_) => {
+                self.pos = start + run.unwrap_or(0);
+                return Err(self.syntax("control character in a string"));
+            }
+            None => {
+                self.pos = bytes.len();
+                return Err(self.syntax("unterminated string"));
+            }
+        }
+        // Slow path: the key has escapes; decode it into the key buffer.
+        let key_start = self.keys.len();
+        loop {
+            let rest = &bytes[self.pos..];
+            let run = rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                .unwrap_or(rest.len());
+            self.keys.extend_from_slice(&rest[..run]);
+            self.pos += run;
+            match bytes.get(self.pos) {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok((false, key_start, self.keys.len()));
+                }
+                Some(b'\\') => {
+                    let mut decoded = [0u8; 4];
+                    let len = self.escape(&mut decoded)?;
+                    self.keys.extend_from_slice(&decoded[..len]);
+                }
+                Some(_) => return Err(self.syntax("control character in a string")),
+                None => return Err(self.syntax("unterminated string")),
+            }
+        }
+    }
+
+    /// Decodes one escape sequence at `pos` (a backslash) into UTF-8.
+    fn escape(&mut self, buf: &mut [u8; 4]) -> Result<usize, CanonicalError> {
+        let at = self.pos;
+        let Some(&kind) = self.input.get(at + 1) else {
+            return Err(self.syntax("unterminated string"));
+        };
+        self.pos = at + 2;
+        let simple = match kind {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            b'/' => b'/',
+            b'b' => 0x08,
+            b'f' => 0x0c,
+            b'n' => b'\n',
+            b'r' => b'\r',
+            b't' => b'\t',
+            b'u' => {
+                let first = self.hex4(at + 2)?;
+                self.pos = at + 6;
+                let code = if (0xD800..0xDC00).contains(&first) {
+                    let low = if self.input.get(at + 6) == Some(&b'\\')
+                        && self.input.get(at + 7) == Some(&b'u')
+                    {
+                        Some(self.hex4(at + 8)?)
+                    } else {
+                        None
+                    };
+                    match low {
+                        Some(low) if (0xDC00..0xE000).contains(&low) => {
+                            self.pos = at + 12;
+                            0x10000 + ((first - 0xD800) << 10) + (low - 0xDC00)
+                        }
+                        _ => return Err(CanonicalError::LoneSurrogate { offset: at }),
+                    }
+                } else if (0xDC00..0xE000).contains(&first) {
+                    return Err(CanonicalError::LoneSurrogate { offset: at });
+                } else {
+                    first
+                };
+                let ch =
+                    char::from_u32(code).ok_or(CanonicalError::LoneSurrogate { offset: at })?;
+                return Ok(ch.encode_utf8(buf).len());
+            }
+            _ => {
+                self.pos = at;
+                return Err(self.syntax("invalid escape"));
+            }
+        };
+        buf[0] = simple;
+        Ok(1)
+    }
+
+    fn hex4(&self, at: usize) -> Result<u32, CanonicalError> {
+        let digits = self.input.get(at..at + 4).ok_or(CanonicalError::Syntax {
+            offset: at,
+            reason: "invalid \\u escape",
+        })?;
+        let mut code = 0u32;
+        for &d in digits {
+            let v = match d {
+                b'0'..=b'9' => d - b'0',
+                b'a'..=b'f' => d - b'a' + 10,
+                b'A'..=b'F' => d - b'A' + 10,
+                _ => {
+                    return Err(CanonicalError::Syntax {
+                        offset: at,
+                        reason: "invalid \\u escape",
+                    });
+                }
+            };
+            code = code * 16 + u32::from(v);
+        }
+        Ok(code)
+    }
+
+    fn array(&mut self, out: &mut Vec<u8>, depth: usize) -> Result<(), CanonicalError> {
+        if depth > MAX_DEPTH {
+            return Err(CanonicalError::TooDeep { offset: self.pos });
+        }
+        self.pos += 1;
+        out.push(b'[');
+        self.skip_ws();
+        if self.input.get(self.pos) == Some(&b']') {
+            self.pos += 1;
+            out.push(b']');
+            return Ok(());
+        }
+        loop {
+            self.skip_ws();
+            self.value(out, depth)?;
+            self.skip_ws();
+            match self.input.get(self.pos) {
+                Some(b',') => {
+                    self.pos += 1;
+                    out.push(b',');
+                }
+                Some(b']') => {
+                    self.pos += 1;
+                    out.push(b']');
+                    return Ok(());
+                }
+                _ => return Err(self.syntax("expected ',' or ']'")),
+            }
+        }
+    }
+
+    fn object(&mut self, out: &mut Vec<u8>, depth: usize) -> Result<(), CanonicalError> {
+        if depth > MAX_DEPTH {
+            return Err(CanonicalError::TooDeep { offset: self.pos });
+        }
+        self.pos += 1;
+        let object_start = out.len();
+        out.push(b'{');
+        self.skip_ws();
+        if self.input.get(self.pos) == Some(&b'}') {
+            self.pos += 1;
+            out.push(b'}');
+            return Ok(());
+        }
+        let members_base = self.members.len();
+        let keys_base = self.keys.len();
+        loop {
+            self.skip_ws();
+            if self.input.get(self.pos) != Some(&b'"') {
+                return Err(self.syntax("expected a string key"));
+            }
+            self.pos += 1;
+            let text_start = out.len();
+            let (key_in_input, key_start, key_end) = self.key()?;
+            if key_in_input {
+                // No escapes in the input: the canonical key may still need some (never, since
+                // only quote, backslash and controls are escaped and none of them is present).
+                out.push(b'"');
+                out.extend_from_slice(&self.input[key_start..key_end]);
+                out.push(b'"');
+            } else {
+                let decoded = &self.keys[key_start..key_end];
+                write_string(decoded, out);
+            }
+            self.skip_ws();
+            if self.input.get(self.pos) != Some(&b':') {
+                return Err(self.syntax("expected ':'"));
+            }
+            self.pos += 1;
+            out.push(b':');
+            self.skip_ws();
+            self.value(out, depth)?;
+            self.members.push(Member {
+                key_in_input,
+                key_start,
+                key_end,
+                text_start,
+                text_end: out.len(),
+            });
+            self.skip_ws();
+            match self.input.get(self.pos) {
+                Some(b',') => {
+                    self.pos += 1;
+                    out.push(b',');
+                }
+                Some(b'}') => {
+                    self.pos += 1;
+                    break;
+                }
+                _ => return Err(self.syntax("expected ',' or '}'")),
+            }
+        }
+        self.finish_object(out, object_start, members_base);
+        self.members.truncate(members_base);
+        self.keys.truncate(keys_base);
+        Ok(())
+    }
+
+    fn key_bytes(&self, m: &Member) -> &[u8] {
+        if m.key_in_input {
+            &self.input[m.key_start..m.key_end]
+        } else {
+            &self.keys[m.key_start..m.key_end]
+        }
+    }
+
+    /// Orders the members of the object written at `object_start` by key, keeping the last of
+    /// duplicate keys, and closes it.
+    fn finish_object(&mut self, out: &mut Vec<u8>, object_start: usize, members_base: usize) {
+        let members = &self.members[members_base..];
+        let sorted_unique = members
+            .windows(2)
+            .all(|w| self.key_bytes(&w[0]) < self.key_bytes(&w[1]));
+        if sorted_unique {
+            out.push(b'}');
+            return;
+        }
+        let mut order: Vec<usize> = (0..members.len()).collect();
+        // Sort by key, then by position so that the last duplicate comes last in its run.
+        order.sort_unstable_by(|&a, &b| {
+            self.key_bytes(&members[a])
+                .cmp(self.key_bytes(&members[b]))
+                .then(a.cmp(&b))
+        });
+        self.scratch.clear();
+        self.scratch.extend_from_slice(&out[object_start..]);
+        out.truncate(object_start + 1);
+        let mut first = true;
+        for (i, &index) in order.iter().enumerate() {
+            if let Some(&next) = order.get(i + 1)
+                && self.key_bytes(&members[next]) == self.key_bytes(&members[index])
+            {
+                continue;
+            }
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            let m = &members[index];
+            out.extend_from_slice(
+                &self.scratch[m.text_start - object_start..m.text_end - object_start],
+            );
+        }
+        out.push(b'}');
+    }
+}
+
+/// Escapes an already decoded fragment (no quotes added).
+fn write_string_body(s: &[u8], out: &mut Vec<u8>) {
+    let len = out.len();
+    write_string(s, out);
+    // Drop the quotes `write_string` added around the fragment.
+    out.remove(len);
+    out.pop();
+}
+
+/// Parses JSON text into a [`Value`] accepting what CPython's `json.loads` accepts within the
+/// documented limits (depth up to [`MAX_DEPTH`], where serde_json alone stops at 128). Numbers keep
+/// their text, duplicate keys keep the last value.
+pub fn parse_json(text: &[u8]) -> Result<Value, CanonicalError> {
+    // The canonicalizer enforces the grammar and every limit; only then is the tree built.
+    let mut scratch = Vec::with_capacity(text.len());
+    canonicalize_text(text, &mut scratch)?;
+    let mut deserializer = serde_json::Deserializer::from_slice(text);
+    deserializer.disable_recursion_limit();
+    let value =
+        serde::Deserialize::deserialize(&mut deserializer).map_err(|_| CanonicalError::Syntax {
+            offset: 0,
+            reason: "invalid JSON",
+        })?;
+    deserializer.end().map_err(|_| CanonicalError::Syntax {
+        offset: 0,
+        reason: "extra data after the JSON value",
+    })?;
+    Ok(value)
+}

@@ -1,0 +1,313 @@
+//! Configuration drift: which dotted keys differ between the saved identity and the current one,
+//! and whether each is semantic (refuses a resume) or operational (resumes with a journal line).
+//!
+//! Invariants: a list compares as one value; a key present on one side only counts; values
+//! compare with Python's `==` (so `1 == 1.0` and `True == 1`: representation changes are not
+//! drift); the classifier's word lists are data ([`DriftPolicy`]) applied in the order of
+//! decisions §5, and a key no rule classifies is semantic (an unknown change refuses).
+
+use regex::Regex;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// `_differing_keys(saved, current)`: dotted keys whose values differ.
+pub fn differing_keys(saved: &Value, current: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    collect_differences(saved, current, "", &mut out);
+    out
+}
+
+fn collect_differences(saved: &Value, current: &Value, prefix: &str, out: &mut Vec<String>) {
+    match (saved, current) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let child = if prefix.is_empty() {
+                    key.clone()
+                } else {
+                    format!("{prefix}.{key}")
+                };
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => collect_differences(x, y, &child, out),
+                    _ => out.push(child),
+                }
+            }
+        }
+        _ if python_equal(saved, current) => {}
+        _ => out.push(prefix.to_owned()),
+    }
+}
+
+/// Python's `==` on JSON values: numbers (and booleans, which are ints) compare by exact value.
+pub fn python_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::String(x), Value::String(y)) => x == y,
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| python_equal(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| python_equal(v, w)))
+        }
+        (Value::Bool(_) | Value::Number(_), Value::Bool(_) | Value::Number(_)) => {
+            match (PyNumber::of(a), PyNumber::of(b)) {
+                (Some(x), Some(y)) => x == y,
+                _ => false,
+            }
+        }
+        _ => false,
+    }
+}
+
+/// A JSON number (or bool) as Python compares it.
+#[derive(Debug, PartialEq)]
+enum PyNumber {
+    /// Integral value as normalised decimal digits (no `-0`).
+    Int(String),
+    /// A float that is not integral.
+    Fraction(f64),
+}
+
+impl PyNumber {
+    fn of(value: &Value) -> Option<Self> {
+        match value {
+            Value::Bool(b) => Some(Self::Int(if *b { "1" } else { "0" }.into())),
+            Value::Number(n) => {
+                let text = n.to_string();
+                if text.bytes().any(|c| matches!(c, b'.' | b'e' | b'E')) {
+                    let f: f64 = text.parse().ok()?;
+                    if f.is_finite() && f.fract() == 0.0 {
+                        let digits = format!("{f:.0}");
+                        Some(Self::Int(if digits == "-0" { "0".into() } else { digits }))
+                    } else {
+                        Some(Self::Fraction(f))
+                    }
+                } else if text == "-0" {
+                    Some(Self::Int("0".into()))
+                } else {
+                    Some(Self::Int(text))
+                }
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Why a key is semantic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SemanticReason {
+    /// A segment is a listed semantic key (or contains `dataset`).
+    ListedKey(String),
+    /// A segment names a prompt / template / rubric asset path.
+    AssetPath(String),
+    /// A segment contains a semantic part (`judge`, `model`, ...).
+    SemanticPart(String),
+    /// No rule classifies the key: an unknown change refuses.
+    Unclassified,
+}
+
+/// The class of one differing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyClass {
+    Semantic(SemanticReason),
+    Operational,
+}
+
+/// A differing key with its class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassifiedKey {
+    pub key: String,
+    pub class: KeyClass,
+}
+
+/// Drift of a resume, split by class; both lists sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Drift {
+    pub semantic: Vec<ClassifiedKey>,
+    pub operational: Vec<String>,
+}
+
+impl Drift {
+    pub fn is_empty(&self) -> bool {
+        self.semantic.is_empty() && self.operational.is_empty()
+    }
+}
+
+/// Default semantic keys: a segment equal to one of these is semantic (decisions §5, step 1).
+pub const SEMANTIC_KEYS: &[&str] = &[
+    "split",
+    "dataset",
+    "datasets",
+    "limit",
+    "task_ids",
+    "num_repeats",
+    "seed",
+    "model",
+    "model_name",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "max_output_tokens",
+    "tools",
+    "system_prompt",
+    "responses_create_params",
+    "entrypoint",
+];
+/// A segment containing this is semantic (step 1).
+pub const SEMANTIC_SUBSTRING: &str = "dataset";
+/// A segment naming a prompt / template / rubric asset path is semantic (step 1).
+pub const SEMANTIC_ASSET_PATH: &str =
+    r"(^|_)(prompt|prompts|template|templates|rubric|rubrics)_(.+_)?(dir|path|paths|file|files)$";
+/// Words of a last segment (split on `_`) that make a key operational (step 2).
+pub const OPERATIONAL_WORDS: &[&str] = &[
+    "timeout",
+    "timeouts",
+    "deadline",
+    "retry",
+    "retries",
+    "attempts",
+    "backoff",
+    "wait",
+    "grace",
+    "interval",
+    "delay",
+    "ttl",
+    "heartbeat",
+    "poll",
+    "port",
+    "ports",
+    "host",
+    "hosts",
+    "url",
+    "urls",
+    "endpoint",
+    "address",
+    "proxy",
+    "transport",
+    "connect",
+    "connection",
+    "connections",
+    "pool",
+    "keepalive",
+    "concurrency",
+    "parallel",
+    "parallelism",
+    "workers",
+    "threads",
+    "health",
+    "dir",
+    "dirs",
+    "path",
+    "paths",
+    "log",
+    "logs",
+    "logging",
+    "verbose",
+    "tracking",
+    "telemetry",
+    "wandb",
+    "mlflow",
+];
+/// Last segments that are operational as a whole (step 2).
+pub const OPERATIONAL_LAST_SEGMENTS: &[&str] = &["rate_limit"];
+/// Substrings of any segment that make a key semantic (step 3).
+pub const SEMANTIC_PARTS: &[&str] = &[
+    "judge", "grad", "verif", "reward", "scor", "rubric", "metric", "prompt", "model",
+];
+
+/// The drift classifier's policy. Operators extend it in service configuration, never in a run's
+/// identity.
+#[derive(Debug, Clone)]
+pub struct DriftPolicy {
+    semantic_keys: BTreeSet<String>,
+    asset_path: Regex,
+    operational_words: BTreeSet<String>,
+    operational_last_segments: BTreeSet<String>,
+    /// Whole dotted keys an operator declared operational (checked at step 2).
+    operational_keys: BTreeSet<String>,
+    semantic_parts: Vec<String>,
+}
+
+impl Default for DriftPolicy {
+    fn default() -> Self {
+        Self {
+            semantic_keys: SEMANTIC_KEYS.iter().map(|s| (*s).to_owned()).collect(),
+            asset_path: Regex::new(SEMANTIC_ASSET_PATH).expect("static regex"),
+            operational_words: OPERATIONAL_WORDS.iter().map(|s| (*s).to_owned()).collect(),
+            operational_last_segments: OPERATIONAL_LAST_SEGMENTS
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect(),
+            operational_keys: BTreeSet::new(),
+            semantic_parts: SEMANTIC_PARTS.iter().map(|s| (*s).to_owned()).collect(),
+        }
+    }
+}
+
+impl DriftPolicy {
+    /// The default policy extended by an operator: extra semantic segments, extra operational
+    /// words, and whole dotted keys declared operational.
+    pub fn extended(
+        semantic_keys: impl IntoIterator<Item = String>,
+        operational_words: impl IntoIterator<Item = String>,
+        operational_keys: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let mut policy = Self::default();
+        policy.semantic_keys.extend(semantic_keys);
+        policy.operational_words.extend(operational_words);
+        policy.operational_keys.extend(operational_keys);
+        policy
+    }
+
+    /// Classifies one dotted key (decisions §5, in order).
+    pub fn classify(&self, key: &str) -> KeyClass {
+        let segments: Vec<&str> = key.split('.').collect();
+        for segment in &segments {
+            if self.semantic_keys.contains(*segment) || segment.contains(SEMANTIC_SUBSTRING) {
+                return KeyClass::Semantic(SemanticReason::ListedKey((*segment).to_owned()));
+            }
+            if self.asset_path.is_match(segment) {
+                return KeyClass::Semantic(SemanticReason::AssetPath((*segment).to_owned()));
+            }
+        }
+        let last = segments.last().copied().unwrap_or_default();
+        if self.operational_keys.contains(key)
+            || self.operational_last_segments.contains(last)
+            || last
+                .split('_')
+                .any(|word| self.operational_words.contains(word))
+        {
+            return KeyClass::Operational;
+        }
+        for segment in &segments {
+            if let Some(part) = self
+                .semantic_parts
+                .iter()
+                .find(|p| segment.contains(p.as_str()))
+            {
+                return KeyClass::Semantic(SemanticReason::SemanticPart(part.clone()));
+            }
+        }
+        KeyClass::Semantic(SemanticReason::Unclassified)
+    }
+
+    /// Splits differing keys into semantic and operational ones.
+    pub fn classify_all(&self, keys: &[String]) -> Drift {
+        let mut drift = Drift::default();
+        for key in keys {
+            match self.classify(key) {
+                KeyClass::Operational => drift.operational.push(key.clone()),
+                class => drift.semantic.push(ClassifiedKey {
+                    key: key.clone(),
+                    class,
+                }),
+            }
+        }
+        drift.operational.sort();
+        drift.semantic.sort_by(|a, b| a.key.cmp(&b.key));
+        drift
+    }
+}

@@ -1,0 +1,495 @@
+//! `RunManifest` (schema_version 2) and `PendingRejudge`, read as strictly as the Python
+//! pydantic models validate them and written as Python's `atomic_write_json` writes them.
+//!
+//! Invariants:
+//! - reading accepts exactly what the seed's models accept: unknown fields are refused,
+//!   `schema_version` must equal 2 (an int or a float equal to 2, as pydantic's lax literal),
+//!   `selection_policy` defaults to and must be `latest_allocated`, strict ints refuse `true`,
+//!   `1.0` and `"1"`, booleans follow pydantic's lax rules, duplicate keys keep the last value;
+//! - strict ints are held as `u64`: a larger value (accepted by Python) is refused with a clear
+//!   error rather than truncated;
+//! - writing follows the declaration order below, so a manifest read and written again keeps
+//!   every field and value.
+
+use crate::canonical::CanonicalError;
+use crate::pretty::python_pretty;
+use indexmap::IndexMap;
+use regex::Regex;
+use serde_json::{Map, Number, Value};
+use std::sync::LazyLock;
+
+/// The only manifest schema version this implementation reads and writes.
+pub const SCHEMA_VERSION: u64 = 2;
+/// The only selection policy of schema version 2.
+pub const SELECTION_POLICY: &str = "latest_allocated";
+/// `source_digest` / `config_digest` of a legacy import.
+pub const UNVERIFIED: &str = "unverified";
+
+static OPERATION_ID: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new("^[0-9a-f]{32}$").expect("static regex"));
+static SHA256_HEX: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new("^[0-9a-f]{64}$").expect("static regex"));
+
+/// A judge-only re-judgment admitted before its judge call; it closes when its outcome is saved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingRejudge {
+    /// Unix seconds, finite, `>= 0`.
+    pub admitted_at: f64,
+    /// 32 lowercase hex digits.
+    pub operation_id: String,
+    /// The failure being re-judged (non-empty).
+    pub predecessor_failure_id: String,
+    /// SHA-256 (64 lowercase hex) of the predecessor failure line's bytes without its newline.
+    pub predecessor_sha256: String,
+}
+
+/// The run manifest beside an output: the identity a resume is checked against.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunManifest {
+    /// Controller-owned reservations: logical rollout id -> next execution number (>= 1).
+    pub next_attempt: IndexMap<String, u64>,
+    pub run_id: String,
+    pub source_digest: String,
+    pub materialized_digest: String,
+    pub config_digest: String,
+    pub legacy_import: bool,
+    pub identity_overridden: bool,
+    /// The run's saved attempt cap (>= 1), or `None` for manifests from before it was saved.
+    pub max_rollout_attempts: Option<u64>,
+    /// Open judge-only re-judgments by attempt key `<rollout id>-a<attempt>`.
+    pub pending_rejudge: IndexMap<String, PendingRejudge>,
+    pub retry_terminal_timeouts: bool,
+}
+
+/// One field that did not validate, named by its dotted location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldProblem {
+    pub field: String,
+    pub problem: String,
+}
+
+/// Why bytes are not a readable manifest.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("invalid JSON: {0}")]
+    Json(String),
+    #[error("the manifest must be a JSON object")]
+    NotAnObject,
+    #[error("{}", describe(.0))]
+    Fields(Vec<FieldProblem>),
+}
+
+fn describe(problems: &[FieldProblem]) -> String {
+    let parts: Vec<String> = problems
+        .iter()
+        .map(|p| format!("{}: {}", p.field, p.problem))
+        .collect();
+    format!(
+        "{} validation error(s): {}",
+        problems.len(),
+        parts.join("; ")
+    )
+}
+
+const FIELDS: [&str; 12] = [
+    "schema_version",
+    "selection_policy",
+    "next_attempt",
+    "run_id",
+    "source_digest",
+    "materialized_digest",
+    "config_digest",
+    "legacy_import",
+    "identity_overridden",
+    "max_rollout_attempts",
+    "pending_rejudge",
+    "retry_terminal_timeouts",
+];
+const REJUDGE_FIELDS: [&str; 4] = [
+    "admitted_at",
+    "operation_id",
+    "predecessor_failure_id",
+    "predecessor_sha256",
+];
+
+impl RunManifest {
+    /// A new run's manifest (`RunManifest.create`): the caller supplies the fresh run id
+    /// (`uuid4().hex`) and the digests.
+    pub fn create(
+        run_id: impl Into<String>,
+        source_digest: impl Into<String>,
+        materialized_digest: impl Into<String>,
+        config_digest: impl Into<String>,
+        max_rollout_attempts: Option<u64>,
+    ) -> Self {
+        Self {
+            next_attempt: IndexMap::new(),
+            run_id: run_id.into(),
+            source_digest: source_digest.into(),
+            materialized_digest: materialized_digest.into(),
+            config_digest: config_digest.into(),
+            legacy_import: false,
+            identity_overridden: false,
+            max_rollout_attempts,
+            pending_rejudge: IndexMap::new(),
+            retry_terminal_timeouts: false,
+        }
+    }
+
+    /// `RunManifest.import_legacy(rows)`: an unverified identity over the saved rows' digest.
+    pub fn import_legacy(
+        run_id: impl Into<String>,
+        materialized_digest: impl Into<String>,
+    ) -> Self {
+        Self {
+            legacy_import: true,
+            ..Self::create(run_id, UNVERIFIED, materialized_digest, UNVERIFIED, None)
+        }
+    }
+
+    /// Reads manifest bytes exactly as `RunManifest.model_validate_json` would accept them.
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let value: Value =
+            serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
+        Self::from_value(&value)
+    }
+
+    /// Validates an already parsed JSON value.
+    pub fn from_value(value: &Value) -> Result<Self, ManifestError> {
+        let Value::Object(map) = value else {
+            return Err(ManifestError::NotAnObject);
+        };
+        let mut problems = Vec::new();
+        let mut problem = |field: &str, text: &str| {
+            problems.push(FieldProblem {
+                field: field.to_owned(),
+                problem: text.to_owned(),
+            });
+        };
+        for key in map.keys() {
+            if !FIELDS.contains(&key.as_str()) {
+                problem(key, "extra inputs are not permitted");
+            }
+        }
+        if let Some(v) = map.get("schema_version")
+            && !is_literal_two(v)
+        {
+            problem("schema_version", "input should be 2");
+        }
+        if let Some(v) = map.get("selection_policy")
+            && v.as_str() != Some(SELECTION_POLICY)
+        {
+            problem("selection_policy", "input should be 'latest_allocated'");
+        }
+        let mut next_attempt = IndexMap::new();
+        match map.get("next_attempt") {
+            None => {}
+            Some(Value::Object(entries)) => {
+                for (key, v) in entries {
+                    match strict_positive_int(v) {
+                        Ok(n) => {
+                            next_attempt.insert(key.clone(), n);
+                        }
+                        Err(text) => problem(&format!("next_attempt.{key}"), text),
+                    }
+                }
+            }
+            Some(_) => problem("next_attempt", "input should be a valid dictionary"),
+        }
+        let mut required_str = |field: &str| -> String {
+            match map.get(field) {
+                Some(Value::String(s)) => s.clone(),
+                Some(_) => {
+                    problem(field, "input should be a valid string");
+                    String::new()
+                }
+                None => {
+                    problem(field, "field required");
+                    String::new()
+                }
+            }
+        };
+        let run_id = required_str("run_id");
+        let source_digest = required_str("source_digest");
+        let materialized_digest = required_str("materialized_digest");
+        let config_digest = required_str("config_digest");
+        let mut lax_bool_field = |field: &str| -> bool {
+            match map.get(field) {
+                None => false,
+                Some(v) => lax_bool(v).unwrap_or_else(|| {
+                    problem(field, "input should be a valid boolean");
+                    false
+                }),
+            }
+        };
+        let legacy_import = lax_bool_field("legacy_import");
+        let identity_overridden = lax_bool_field("identity_overridden");
+        let retry_terminal_timeouts = lax_bool_field("retry_terminal_timeouts");
+        let max_rollout_attempts = match map.get("max_rollout_attempts") {
+            None | Some(Value::Null) => None,
+            Some(v) => match strict_positive_int(v) {
+                Ok(n) => Some(n),
+                Err(text) => {
+                    problem("max_rollout_attempts", text);
+                    None
+                }
+            },
+        };
+        let mut pending_rejudge = IndexMap::new();
+        match map.get("pending_rejudge") {
+            None => {}
+            Some(Value::Object(entries)) => {
+                for (key, v) in entries {
+                    match PendingRejudge::from_value(v) {
+                        Ok(p) => {
+                            pending_rejudge.insert(key.clone(), p);
+                        }
+                        Err(list) => {
+                            for p in list {
+                                problem(&format!("pending_rejudge.{key}.{}", p.field), &p.problem);
+                            }
+                        }
+                    }
+                }
+            }
+            Some(_) => problem("pending_rejudge", "input should be a valid dictionary"),
+        }
+        if !problems.is_empty() {
+            return Err(ManifestError::Fields(problems));
+        }
+        Ok(Self {
+            next_attempt,
+            run_id,
+            source_digest,
+            materialized_digest,
+            config_digest,
+            legacy_import,
+            identity_overridden,
+            max_rollout_attempts,
+            pending_rejudge,
+            retry_terminal_timeouts,
+        })
+    }
+
+    /// `model_dump(mode="json")`, in declaration order.
+    pub fn to_value(&self) -> Value {
+        let mut map = Map::new();
+        map.insert("schema_version".into(), Value::from(SCHEMA_VERSION));
+        map.insert("selection_policy".into(), Value::from(SELECTION_POLICY));
+        map.insert(
+            "next_attempt".into(),
+            Value::Object(
+                self.next_attempt
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::from(*v)))
+                    .collect(),
+            ),
+        );
+        map.insert("run_id".into(), Value::from(self.run_id.as_str()));
+        map.insert(
+            "source_digest".into(),
+            Value::from(self.source_digest.as_str()),
+        );
+        map.insert(
+            "materialized_digest".into(),
+            Value::from(self.materialized_digest.as_str()),
+        );
+        map.insert(
+            "config_digest".into(),
+            Value::from(self.config_digest.as_str()),
+        );
+        map.insert("legacy_import".into(), Value::from(self.legacy_import));
+        map.insert(
+            "identity_overridden".into(),
+            Value::from(self.identity_overridden),
+        );
+        map.insert(
+            "max_rollout_attempts".into(),
+            self.max_rollout_attempts.map_or(Value::Null, Value::from),
+        );
+        map.insert(
+            "pending_rejudge".into(),
+            Value::Object(
+                self.pending_rejudge
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_value()))
+                    .collect(),
+            ),
+        );
+        map.insert(
+            "retry_terminal_timeouts".into(),
+            Value::from(self.retry_terminal_timeouts),
+        );
+        Value::Object(map)
+    }
+
+    /// The bytes `RunManifest.write` publishes: pretty JSON, `ensure_ascii` escapes, newline.
+    pub fn to_pretty_json(&self) -> Result<String, CanonicalError> {
+        python_pretty(&self.to_value())
+    }
+
+    /// This manifest with the sticky `identity_overridden` flag set.
+    pub fn overridden(&self) -> Self {
+        Self {
+            identity_overridden: true,
+            ..self.clone()
+        }
+    }
+}
+
+impl PendingRejudge {
+    fn from_value(value: &Value) -> Result<Self, Vec<FieldProblem>> {
+        let mut problems = Vec::new();
+        let Value::Object(map) = value else {
+            return Err(vec![FieldProblem {
+                field: String::new(),
+                problem: "input should be a valid dictionary".into(),
+            }]);
+        };
+        let mut problem = |field: &str, text: &str| {
+            problems.push(FieldProblem {
+                field: field.to_owned(),
+                problem: text.to_owned(),
+            });
+        };
+        for key in map.keys() {
+            if !REJUDGE_FIELDS.contains(&key.as_str()) {
+                problem(key, "extra inputs are not permitted");
+            }
+        }
+        let admitted_at = match map.get("admitted_at") {
+            None => {
+                problem("admitted_at", "field required");
+                0.0
+            }
+            Some(Value::Number(n)) => match n.to_string().parse::<f64>() {
+                Ok(f) if !f.is_finite() => {
+                    problem("admitted_at", "input should be a finite number");
+                    0.0
+                }
+                Ok(f) if f < 0.0 => {
+                    problem("admitted_at", "input should be greater than or equal to 0");
+                    0.0
+                }
+                Ok(f) => f,
+                Err(_) => {
+                    problem("admitted_at", "input should be a valid number");
+                    0.0
+                }
+            },
+            Some(_) => {
+                problem("admitted_at", "input should be a valid number");
+                0.0
+            }
+        };
+        let mut string_field =
+            |field: &str, check: &dyn Fn(&str) -> Option<&'static str>| -> String {
+                match map.get(field) {
+                    None => {
+                        problem(field, "field required");
+                        String::new()
+                    }
+                    Some(Value::String(s)) => {
+                        if let Some(text) = check(s) {
+                            problem(field, text);
+                        }
+                        s.clone()
+                    }
+                    Some(_) => {
+                        problem(field, "input should be a valid string");
+                        String::new()
+                    }
+                }
+            };
+        let operation_id = string_field("operation_id", &|s| {
+            (!OPERATION_ID.is_match(s)).then_some("string should match pattern '^[0-9a-f]{32}$'")
+        });
+        let predecessor_failure_id = string_field("predecessor_failure_id", &|s| {
+            s.is_empty()
+                .then_some("string should have at least 1 character")
+        });
+        let predecessor_sha256 = string_field("predecessor_sha256", &|s| {
+            (!SHA256_HEX.is_match(s)).then_some("string should match pattern '^[0-9a-f]{64}$'")
+        });
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Self {
+            admitted_at,
+            operation_id,
+            predecessor_failure_id,
+            predecessor_sha256,
+        })
+    }
+
+    fn to_value(&self) -> Value {
+        let mut map = Map::new();
+        map.insert(
+            "admitted_at".into(),
+            Number::from_f64(self.admitted_at).map_or(Value::Null, Value::Number),
+        );
+        map.insert(
+            "operation_id".into(),
+            Value::from(self.operation_id.as_str()),
+        );
+        map.insert(
+            "predecessor_failure_id".into(),
+            Value::from(self.predecessor_failure_id.as_str()),
+        );
+        map.insert(
+            "predecessor_sha256".into(),
+            Value::from(self.predecessor_sha256.as_str()),
+        );
+        Value::Object(map)
+    }
+}
+
+/// pydantic's lax `Literal[2]`: the int 2, or a float equal to 2.
+fn is_literal_two(value: &Value) -> bool {
+    match value {
+        Value::Number(n) => {
+            let text = n.to_string();
+            if text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E')) {
+                text.parse::<f64>().is_ok_and(|f| f == 2.0)
+            } else {
+                text == "2"
+            }
+        }
+        _ => false,
+    }
+}
+
+/// pydantic's `Annotated[int, Field(ge=1, strict=True)]`: a JSON integer (never a bool, float
+/// or string) of at least 1.
+fn strict_positive_int(value: &Value) -> Result<u64, &'static str> {
+    let Value::Number(n) = value else {
+        return Err("input should be a valid integer");
+    };
+    let text = n.to_string();
+    if text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E')) {
+        return Err("input should be a valid integer");
+    }
+    if text.starts_with('-') || text == "0" {
+        return Err("input should be greater than or equal to 1");
+    }
+    text.parse::<u64>()
+        .map_err(|_| "integer larger than this implementation supports (2^64 - 1)")
+}
+
+/// pydantic's lax `bool`: JSON booleans, the numbers 0 and 1, and its accepted words.
+fn lax_bool(value: &Value) -> Option<bool> {
+    match value {
+        Value::Bool(b) => Some(*b),
+        Value::Number(n) => match n.to_string().parse::<f64>() {
+            Ok(0.0) => Some(false),
+            Ok(1.0) => Some(true),
+            _ => None,
+        },
+        Value::String(s) => match s.to_ascii_lowercase().as_str() {
+            "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
+            "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
+            _ => None,
+        },
+        _ => None,
+    }
+}

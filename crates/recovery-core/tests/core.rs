@@ -1,0 +1,17 @@
+//! The one integration-test binary of `recovery-core`.
+
+#[path = "core/support.rs"]
+mod support;
+
+#[path = "core/canonical.rs"]
+mod canonical;
+#[path = "core/drift.rs"]
+mod drift;
+#[path = "core/identity.rs"]
+mod identity;
+#[path = "core/manifest.rs"]
+mod manifest;
+#[path = "core/materialized.rs"]
+mod materialized;
+#[path = "core/verdict.rs"]
+mod verdict;

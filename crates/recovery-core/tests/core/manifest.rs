@@ -1,0 +1,249 @@
+//! RunManifest: strict reading agreeing with the seed's pydantic models, Python's exact pretty
+//! bytes, and round trips.
+
+use crate::support::python;
+use proptest::prelude::*;
+use recovery_core::manifest::{PendingRejudge, RunManifest};
+use serde_json::Value;
+
+/// The seed's models, written as the Python module declares them, validating each stdin line.
+const PYDANTIC_MODELS: &str = r#"
+import sys, json
+from typing import Annotated, Literal
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+class PendingRejudge(BaseModel):
+    model_config = ConfigDict(extra='forbid', frozen=True)
+    admitted_at: Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True)]
+    operation_id: Annotated[str, Field(pattern='^[0-9a-f]{32}$')]
+    predecessor_failure_id: Annotated[str, Field(min_length=1)]
+    predecessor_sha256: Annotated[str, Field(pattern='^[0-9a-f]{64}$')]
+class RunManifest(BaseModel):
+    model_config = ConfigDict(extra='forbid', frozen=True)
+    schema_version: Literal[2] = 2
+    selection_policy: Literal['latest_allocated'] = 'latest_allocated'
+    next_attempt: dict[str, Annotated[int, Field(ge=1, strict=True)]] = Field(default_factory=dict)
+    run_id: str
+    source_digest: str
+    materialized_digest: str
+    config_digest: str
+    legacy_import: bool = False
+    identity_overridden: bool = False
+    max_rollout_attempts: Annotated[int, Field(ge=1, strict=True)] | None = None
+    pending_rejudge: dict[str, PendingRejudge] = Field(default_factory=dict)
+    retry_terminal_timeouts: bool = False
+"#;
+
+fn pydantic(script: &str, input: &str) -> Vec<String> {
+    let program = format!("{PYDANTIC_MODELS}\n{script}");
+    String::from_utf8(python(&program, input.as_bytes()))
+        .expect("utf8")
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+const BASE: &str =
+    r#""run_id":"r","source_digest":"s","materialized_digest":"m","config_digest":"c""#;
+
+#[test]
+fn reading_accepts_and_refuses_exactly_what_the_seed_models_do() {
+    let op = "a".repeat(32);
+    let sha = "b".repeat(64);
+    let rejudge = |admitted: &str, op: &str, failure: &str, sha: &str| {
+        format!(
+            r#""pending_rejudge":{{"k":{{"admitted_at":{admitted},"operation_id":"{op}","predecessor_failure_id":"{failure}","predecessor_sha256":"{sha}"}}}}"#
+        )
+    };
+    let extras: Vec<String> = vec![
+        String::new(),
+        r#","schema_version":2"#.into(),
+        r#","schema_version":2.0"#.into(),
+        r#","schema_version":"2""#.into(),
+        r#","schema_version":true"#.into(),
+        r#","schema_version":1"#.into(),
+        r#","schema_version":99"#.into(),
+        r#","selection_policy":"latest_allocated""#.into(),
+        r#","selection_policy":"any_success""#.into(),
+        r#","legacy_import":true"#.into(),
+        r#","legacy_import":1"#.into(),
+        r#","legacy_import":0.0"#.into(),
+        r#","legacy_import":2"#.into(),
+        r#","legacy_import":"yes""#.into(),
+        r#","legacy_import":"Off""#.into(),
+        r#","legacy_import":"maybe""#.into(),
+        r#","legacy_import":null"#.into(),
+        r#","identity_overridden":"true""#.into(),
+        r#","retry_terminal_timeouts":[]"#.into(),
+        r#","max_rollout_attempts":3"#.into(),
+        r#","max_rollout_attempts":null"#.into(),
+        r#","max_rollout_attempts":0"#.into(),
+        r#","max_rollout_attempts":1.0"#.into(),
+        r#","max_rollout_attempts":true"#.into(),
+        r#","max_rollout_attempts":"2""#.into(),
+        r#","next_attempt":{"0-0":1,"1-0":4}"#.into(),
+        r#","next_attempt":{"0-0":0}"#.into(),
+        r#","next_attempt":{"0-0":1.0}"#.into(),
+        r#","next_attempt":[]"#.into(),
+        r#","run_id":5"#.into(),
+        r#","unknown_field":1"#.into(),
+        r#","run_id":"second""#.into(),
+        format!(",{}", rejudge("1", &op, "f", &sha)),
+        format!(",{}", rejudge("1.5", &op, "f", &sha)),
+        format!(",{}", rejudge("-0.0", &op, "f", &sha)),
+        format!(",{}", rejudge("-1", &op, "f", &sha)),
+        format!(",{}", rejudge("\"1\"", &op, "f", &sha)),
+        format!(",{}", rejudge("true", &op, "f", &sha)),
+        format!(",{}", rejudge("1e400", &op, "f", &sha)),
+        format!(",{}", rejudge("1", &op.to_uppercase(), "f", &sha)),
+        format!(",{}", rejudge("1", &format!("{op}\\n"), "f", &sha)),
+        format!(",{}", rejudge("1", &op, "", &sha)),
+        format!(",{}", rejudge("1", &op, "f", &sha[1..])),
+        r#","pending_rejudge":{"k":{"admitted_at":1}}"#.into(),
+    ];
+    let mut documents: Vec<String> = extras.iter().map(|e| format!("{{{BASE}{e}}}")).collect();
+    documents.push(r#"{"run_id":"r"}"#.into());
+    documents.push("[]".into());
+    documents.push("{".into());
+    let verdicts = pydantic(
+        "for line in sys.stdin:\n    try:\n        m = RunManifest.model_validate_json(line)\n        print('ok ' + json.dumps(m.model_dump(mode='json'), sort_keys=True))\n    except ValidationError:\n        print('refused')",
+        &(documents.join("\n") + "\n"),
+    );
+    assert_eq!(verdicts.len(), documents.len());
+    for (document, verdict) in documents.iter().zip(verdicts) {
+        let ours = RunManifest::from_json_bytes(document.as_bytes());
+        match verdict.strip_prefix("ok ") {
+            Some(python_dump) => {
+                let manifest = ours
+                    .unwrap_or_else(|e| panic!("{document}: Python accepts it, we refused: {e}"));
+                let python_dump: Value = serde_json::from_str(python_dump).expect("dump");
+                assert!(
+                    recovery_core::drift::python_equal(&manifest.to_value(), &python_dump),
+                    "{document}: {python_dump}"
+                );
+            }
+            None => assert!(
+                ours.is_err(),
+                "{document}: Python refuses it, we accepted it"
+            ),
+        }
+    }
+}
+
+#[test]
+fn field_errors_name_the_field() {
+    let error = RunManifest::from_json_bytes(
+        format!(r#"{{{BASE},"next_attempt":{{"0-0":true}},"bogus":1}}"#).as_bytes(),
+    )
+    .expect_err("invalid");
+    let text = error.to_string();
+    assert!(
+        text.contains("next_attempt.0-0") && text.contains("bogus"),
+        "{text}"
+    );
+}
+
+fn sample_manifest() -> RunManifest {
+    let mut manifest = RunManifest::create("9f".repeat(16), "src", "mat", "cfg", Some(3));
+    manifest.next_attempt.insert("0-0".into(), 2);
+    manifest.next_attempt.insert("tâche-é".into(), 1);
+    manifest.pending_rejudge.insert(
+        "0-0-a1".into(),
+        PendingRejudge {
+            admitted_at: 1_764_000_000.25,
+            operation_id: "0123456789abcdef0123456789abcdef".into(),
+            predecessor_failure_id: "failure-\u{1F600}".into(),
+            predecessor_sha256: "c".repeat(64),
+        },
+    );
+    manifest
+}
+
+#[test]
+fn a_manifest_we_write_is_byte_identical_to_what_python_writes_for_it() {
+    let ours = sample_manifest().to_pretty_json().expect("pretty");
+    let python_bytes = pydantic(
+        "text = sys.stdin.read()\nm = RunManifest.model_validate_json(text)\nsys.stdout.write(json.dumps(m.model_dump(mode='json'), indent=2, allow_nan=False) + '\\n')",
+        &ours,
+    )
+    .join("\n")
+        + "\n";
+    assert_eq!(ours, python_bytes);
+    assert!(
+        ours.contains("\\u00e2") && ours.contains("\\ud83d\\ude00"),
+        "ensure_ascii escapes: {ours}"
+    );
+}
+
+#[test]
+fn a_manifest_python_writes_is_read_and_rewritten_unchanged() {
+    let python_text = pydantic(
+        "m = RunManifest(run_id='r\\u00e9\\n', source_digest='unverified', materialized_digest='m', config_digest='unverified', legacy_import=True, next_attempt={'b': 3, 'a': 1}, max_rollout_attempts=None)\nsys.stdout.write(json.dumps(m.model_dump(mode='json'), indent=2, allow_nan=False) + '\\n')",
+        "",
+    )
+    .join("\n")
+        + "\n";
+    let manifest =
+        RunManifest::from_json_bytes(python_text.as_bytes()).expect("Python's manifest reads");
+    assert_eq!(manifest.run_id, "ré\n");
+    assert!(manifest.legacy_import);
+    assert_eq!(manifest.next_attempt.keys().collect::<Vec<_>>(), ["b", "a"]);
+    assert_eq!(manifest.to_pretty_json().expect("pretty"), python_text);
+}
+
+#[test]
+fn import_legacy_and_create_set_the_documented_fields() {
+    let legacy = RunManifest::import_legacy("a".repeat(32), "digest");
+    assert!(legacy.legacy_import && !legacy.identity_overridden);
+    assert_eq!(
+        (legacy.source_digest.as_str(), legacy.config_digest.as_str()),
+        ("unverified", "unverified")
+    );
+    let created = RunManifest::create("b".repeat(32), "s", "m", "c", None);
+    assert!(
+        !created.legacy_import
+            && created.next_attempt.is_empty()
+            && created.pending_rejudge.is_empty()
+    );
+    assert!(created.overridden().identity_overridden);
+}
+
+fn manifest_strategy() -> impl Strategy<Value = RunManifest> {
+    let rejudge = (0.0f64..2e9, "[0-9a-f]{32}", "\\PC{1,8}", "[0-9a-f]{64}").prop_map(
+        |(admitted_at, op, failure, sha)| PendingRejudge {
+            admitted_at,
+            operation_id: op,
+            predecessor_failure_id: failure,
+            predecessor_sha256: sha,
+        },
+    );
+    (
+        "\\PC{0,12}",
+        "\\PC{0,8}",
+        prop::collection::vec(("\\PC{1,6}", 1u64..u64::MAX), 0..4),
+        prop::option::of(1u64..100),
+        prop::collection::vec(("\\PC{1,6}", rejudge), 0..3),
+        any::<(bool, bool, bool)>(),
+    )
+        .prop_map(
+            |(run_id, digest, next, cap, pending, (legacy, overridden, rtt))| {
+                let mut m =
+                    RunManifest::create(run_id, digest.clone(), digest.clone(), digest, cap);
+                m.next_attempt = next.into_iter().collect();
+                m.pending_rejudge = pending.into_iter().collect();
+                m.legacy_import = legacy;
+                m.identity_overridden = overridden;
+                m.retry_terminal_timeouts = rtt;
+                m
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn every_manifest_survives_a_write_read_round_trip(manifest in manifest_strategy()) {
+        let text = manifest.to_pretty_json().expect("pretty");
+        prop_assert!(text.is_ascii(), "ensure_ascii output");
+        let back = RunManifest::from_json_bytes(text.as_bytes()).expect("reads back");
+        prop_assert_eq!(back, manifest);
+    }
+}
