@@ -116,33 +116,10 @@ fn write_value(value: &Value, out: &mut Vec<u8>, depth: usize) -> Result<(), Can
     Ok(())
 }
 
-/// Writes a decoded (valid UTF-8) string with Python's `ensure_ascii=False` escapes.
+/// Writes a decoded (valid UTF-8) string, quoted, with Python's `ensure_ascii=False` escapes.
 pub(crate) fn write_string(s: &[u8], out: &mut Vec<u8>) {
     out.push(b'"');
-    let mut start = 0;
-    for (i, &b) in s.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(&s[start..i]);
-        if escape.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX_DIGITS[(b >> 4) as usize]);
-            out.push(HEX_DIGITS[(b & 0xf) as usize]);
-        } else {
-            out.extend_from_slice(escape);
-        }
-        start = i + 1;
-    }
-    out.extend_from_slice(&s[start..]);
+    write_escaped(s, out);
     out.push(b'"');
 }
 
@@ -279,17 +256,42 @@ fn parse_exponent(text: &[u8]) -> i32 {
 /// Accepts exactly what CPython's `json.loads` accepts, except values CPython would then refuse
 /// to digest (NaN, infinities, lone surrogates), which are errors here directly.
 pub fn canonicalize_text(input: &[u8], out: &mut Vec<u8>) -> Result<(), CanonicalError> {
-    if let Err(e) = std::str::from_utf8(input) {
-        return Err(CanonicalError::Utf8 {
-            offset: e.valid_up_to(),
-        });
+    validate_utf8(input)?;
+    canonicalize_valid_utf8(input, out, &mut Scratch::default())
+}
+
+/// Validates UTF-8 (SIMD-accelerated), reporting the offset of the first invalid byte.
+pub(crate) fn validate_utf8(input: &[u8]) -> Result<(), CanonicalError> {
+    if simdutf8::basic::from_utf8(input).is_ok() {
+        return Ok(());
     }
+    let offset = std::str::from_utf8(input)
+        .err()
+        .map_or(0, |e| e.valid_up_to());
+    Err(CanonicalError::Utf8 { offset })
+}
+
+/// Reusable buffers of the canonicalizer, so that many texts (lines) allocate nothing.
+#[derive(Debug, Default)]
+pub(crate) struct Scratch {
+    keys: Vec<u8>,
+    members: Vec<Member>,
+    reorder: Vec<u8>,
+    order: Vec<usize>,
+}
+
+/// [`canonicalize_text`] for input already known to be valid UTF-8.
+pub(crate) fn canonicalize_valid_utf8(
+    input: &[u8],
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) -> Result<(), CanonicalError> {
+    scratch.keys.clear();
+    scratch.members.clear();
     let mut parser = TextCanonicalizer {
         input,
         pos: 0,
-        keys: Vec::new(),
-        members: Vec::new(),
-        scratch: Vec::new(),
+        scratch,
     };
     parser.skip_ws();
     parser.value(out, 0)?;
@@ -300,9 +302,25 @@ pub fn canonicalize_text(input: &[u8], out: &mut Vec<u8>) -> Result<(), Canonica
     Ok(())
 }
 
+/// Length of the run at the start of `bytes` that needs no string handling: up to the next
+/// quote or backslash (found with SIMD), provided no control character precedes it.
+#[inline]
+fn plain_run(bytes: &[u8]) -> usize {
+    let end = memchr::memchr2(b'"', b'\\', bytes).unwrap_or(bytes.len());
+    // Control characters are rare and invalid in strings: a branch-free scan finds whether any
+    // is present before looking for where.
+    if bytes[..end].iter().fold(false, |any, &b| any | (b < 0x20)) {
+        bytes[..end].iter().position(|&b| b < 0x20).unwrap_or(end)
+    } else {
+        end
+    }
+}
+
 /// One object member seen while canonicalizing: where its decoded key and its canonical text are.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Member {
+    /// First 8 bytes of the decoded key, big-endian, for fast ordering.
+    prefix: u64,
     /// Decoded key: a range of the input (no escapes) or of the key scratch buffer.
     key_in_input: bool,
     key_start: usize,
@@ -315,12 +333,16 @@ struct Member {
 struct TextCanonicalizer<'a> {
     input: &'a [u8],
     pos: usize,
-    /// Decoded keys that contained escapes (stack discipline per object).
-    keys: Vec<u8>,
-    /// Members of the objects being parsed (stack discipline per object).
-    members: Vec<Member>,
-    /// Reordering buffer.
-    scratch: Vec<u8>,
+    scratch: &'a mut Scratch,
+}
+
+/// Big-endian first 8 bytes (zero padded): orders like the bytes, up to ties.
+#[inline]
+fn key_prefix(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let n = key.len().min(8);
+    bytes[..n].copy_from_slice(&key[..n]);
+    u64::from_be_bytes(bytes)
 }
 
 impl TextCanonicalizer<'_> {
@@ -428,10 +450,7 @@ impl TextCanonicalizer<'_> {
         loop {
             let rest = &bytes[self.pos..];
             // Copy the longest run that needs no escaping either way.
-            let run = rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                .unwrap_or(rest.len());
+            let run = plain_run(rest);
             out.extend_from_slice(&rest[..run]);
             self.pos += run;
             match bytes.get(self.pos) {
@@ -440,11 +459,18 @@ impl TextCanonicalizer<'_> {
                     out.push(b'"');
                     return Ok(());
                 }
-                Some(b'\\') => {
-                    let mut decoded = [0u8; 4];
-                    let len = self.escape(&mut decoded)?;
-                    write_string_body(&decoded[..len], out);
-                }
+                Some(b'\\') => match bytes.get(self.pos + 1) {
+                    // These escapes are already what Python writes: copy them as they are.
+                    Some(b'"' | b'\\' | b'n' | b'r' | b't' | b'b' | b'f') => {
+                        out.extend_from_slice(&bytes[self.pos..self.pos + 2]);
+                        self.pos += 2;
+                    }
+                    _ => {
+                        let mut decoded = [0u8; 4];
+                        let len = self.escape(&mut decoded)?;
+                        write_escaped(&decoded[..len], out);
+                    }
+                },
                 Some(_) => return Err(self.syntax("control character in a string")),
                 None => return Err(self.syntax("unterminated string")),
             }
@@ -455,9 +481,7 @@ impl TextCanonicalizer<'_> {
     fn key(&mut self) -> Result<(bool, usize, usize), CanonicalError> {
         let bytes = self.input;
         let start = self.pos;
-        let run = bytes[start..]
-            .iter()
-            .position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+        let run = Some(plain_run(&bytes[start..])).filter(|&r| start + r < bytes.len());
         match run.map(|r| (r, bytes[start + r])) {
             Some((r, b'"')) => {
                 self.pos = start + r + 1;
@@ -474,24 +498,21 @@ impl TextCanonicalizer<'_> {
             }
         }
         // Slow path: the key has escapes; decode it into the key buffer.
-        let key_start = self.keys.len();
+        let key_start = self.scratch.keys.len();
         loop {
             let rest = &bytes[self.pos..];
-            let run = rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                .unwrap_or(rest.len());
-            self.keys.extend_from_slice(&rest[..run]);
+            let run = plain_run(rest);
+            self.scratch.keys.extend_from_slice(&rest[..run]);
             self.pos += run;
             match bytes.get(self.pos) {
                 Some(b'"') => {
                     self.pos += 1;
-                    return Ok((false, key_start, self.keys.len()));
+                    return Ok((false, key_start, self.scratch.keys.len()));
                 }
                 Some(b'\\') => {
                     let mut decoded = [0u8; 4];
                     let len = self.escape(&mut decoded)?;
-                    self.keys.extend_from_slice(&decoded[..len]);
+                    self.scratch.keys.extend_from_slice(&decoded[..len]);
                 }
                 Some(_) => return Err(self.syntax("control character in a string")),
                 None => return Err(self.syntax("unterminated string")),
@@ -618,8 +639,8 @@ impl TextCanonicalizer<'_> {
             out.push(b'}');
             return Ok(());
         }
-        let members_base = self.members.len();
-        let keys_base = self.keys.len();
+        let members_base = self.scratch.members.len();
+        let keys_base = self.scratch.keys.len();
         loop {
             self.skip_ws();
             if self.input.get(self.pos) != Some(&b'"') {
@@ -635,7 +656,7 @@ impl TextCanonicalizer<'_> {
                 out.extend_from_slice(&self.input[key_start..key_end]);
                 out.push(b'"');
             } else {
-                let decoded = &self.keys[key_start..key_end];
+                let decoded = &self.scratch.keys[key_start..key_end];
                 write_string(decoded, out);
             }
             self.skip_ws();
@@ -646,7 +667,13 @@ impl TextCanonicalizer<'_> {
             out.push(b':');
             self.skip_ws();
             self.value(out, depth)?;
-            self.members.push(Member {
+            let prefix = key_prefix(if key_in_input {
+                &self.input[key_start..key_end]
+            } else {
+                &self.scratch.keys[key_start..key_end]
+            });
+            self.scratch.members.push(Member {
+                prefix,
                 key_in_input,
                 key_start,
                 key_end,
@@ -667,44 +694,46 @@ impl TextCanonicalizer<'_> {
             }
         }
         self.finish_object(out, object_start, members_base);
-        self.members.truncate(members_base);
-        self.keys.truncate(keys_base);
+        self.scratch.members.truncate(members_base);
+        self.scratch.keys.truncate(keys_base);
         Ok(())
-    }
-
-    fn key_bytes(&self, m: &Member) -> &[u8] {
-        if m.key_in_input {
-            &self.input[m.key_start..m.key_end]
-        } else {
-            &self.keys[m.key_start..m.key_end]
-        }
     }
 
     /// Orders the members of the object written at `object_start` by key, keeping the last of
     /// duplicate keys, and closes it.
     fn finish_object(&mut self, out: &mut Vec<u8>, object_start: usize, members_base: usize) {
-        let members = &self.members[members_base..];
-        let sorted_unique = members
-            .windows(2)
-            .all(|w| self.key_bytes(&w[0]) < self.key_bytes(&w[1]));
-        if sorted_unique {
+        let input = self.input;
+        let Scratch {
+            keys,
+            members,
+            reorder,
+            order,
+        } = &mut *self.scratch;
+        let members = &members[members_base..];
+        let key = |m: &Member| -> &[u8] {
+            if m.key_in_input {
+                &input[m.key_start..m.key_end]
+            } else {
+                &keys[m.key_start..m.key_end]
+            }
+        };
+        let compare =
+            |a: &Member, b: &Member| a.prefix.cmp(&b.prefix).then_with(|| key(a).cmp(key(b)));
+        if members.windows(2).all(|w| compare(&w[0], &w[1]).is_lt()) {
             out.push(b'}');
             return;
         }
-        let mut order: Vec<usize> = (0..members.len()).collect();
-        // Sort by key, then by position so that the last duplicate comes last in its run.
-        order.sort_unstable_by(|&a, &b| {
-            self.key_bytes(&members[a])
-                .cmp(self.key_bytes(&members[b]))
-                .then(a.cmp(&b))
-        });
-        self.scratch.clear();
-        self.scratch.extend_from_slice(&out[object_start..]);
+        order.clear();
+        order.extend(0..members.len());
+        // By key, then by position so that the last of duplicate keys ends its run.
+        order.sort_unstable_by(|&a, &b| compare(&members[a], &members[b]).then(a.cmp(&b)));
+        reorder.clear();
+        reorder.extend_from_slice(&out[object_start..]);
         out.truncate(object_start + 1);
         let mut first = true;
         for (i, &index) in order.iter().enumerate() {
             if let Some(&next) = order.get(i + 1)
-                && self.key_bytes(&members[next]) == self.key_bytes(&members[index])
+                && compare(&members[next], &members[index]).is_eq()
             {
                 continue;
             }
@@ -713,23 +742,39 @@ impl TextCanonicalizer<'_> {
             }
             first = false;
             let m = &members[index];
-            out.extend_from_slice(
-                &self.scratch[m.text_start - object_start..m.text_end - object_start],
-            );
+            out.extend_from_slice(&reorder[m.text_start - object_start..m.text_end - object_start]);
         }
         out.push(b'}');
     }
 }
 
-/// Escapes an already decoded fragment (no quotes added).
-fn write_string_body(s: &[u8], out: &mut Vec<u8>) {
-    let len = out.len();
-    write_string(s, out);
-    // Drop the quotes `write_string` added around the fragment.
-    out.remove(len);
-    out.pop();
+/// Escapes an already decoded fragment with Python's `ensure_ascii=False` rules (no quotes).
+fn write_escaped(s: &[u8], out: &mut Vec<u8>) {
+    let mut start = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&s[start..i]);
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX_DIGITS[(b >> 4) as usize]);
+            out.push(HEX_DIGITS[(b & 0xf) as usize]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&s[start..]);
 }
-
 /// Parses JSON text into a [`Value`] accepting what CPython's `json.loads` accepts within the
 /// documented limits (depth up to [`MAX_DEPTH`], where serde_json alone stops at 128). Numbers keep
 /// their text, duplicate keys keep the last value.

@@ -10,10 +10,14 @@
 //! - any invalid UTF-8 or malformed line is an error naming its 1-based line number;
 //! - memory is bounded by a few chunks in flight plus the longest line.
 
-use crate::canonical::{CanonicalError, canonicalize_text, hex};
+use crate::canonical::{
+    CanonicalError, Scratch, canonicalize_text, canonicalize_valid_utf8, hex, validate_utf8,
+};
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::io::Read;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 /// Bytes read per chunk; lines are never split across chunks.
 const CHUNK: usize = 1 << 20;
@@ -42,36 +46,46 @@ pub enum MaterializedError {
     Io(#[from] std::io::Error),
 }
 
-/// Digests a JSONL stream using up to `threads` canonicalizing threads (0 or 1: this thread only).
+/// Digests a JSONL stream using up to `threads` canonicalizing threads (the calling thread is one
+/// of them; 0 counts as 1).
+///
+/// Each thread takes the next chunk from the reader, canonicalizes it, and hashes every result
+/// that is next in order; no thread waits for another except to take its turn at the reader or
+/// at the hasher, so two cores stay busy with two threads.
 pub fn materialized_digest(
     reader: impl Read + Send,
     threads: usize,
 ) -> Result<MaterializedDigest, MaterializedError> {
     let mut hasher = Sha256::new();
     hasher.update(b"[");
-    let mut state = HashState {
-        hasher,
-        any_row: false,
-        rows: 0,
-        lines: 0,
-    };
-    let bytes = if threads <= 1 {
-        let mut out = Vec::with_capacity(CHUNK + CHUNK / 4);
-        let read = read_chunks(reader, |chunk| {
-            out.clear();
-            let counts =
-                canonicalize_lines(chunk, &mut out).map_err(|e| e.offset_by(state.lines))?;
-            state.absorb(&out, counts);
-            Ok(())
-        });
-        match read {
-            Ok(bytes) => bytes,
-            Err(ReadError::Io(e)) => return Err(MaterializedError::Io(e)),
-            Err(ReadError::Handler(e)) => return Err(e),
+    let source = Mutex::new(Source {
+        chunks: ChunkReader::new(reader),
+        next_sequence: 0,
+    });
+    let sink = Mutex::new(Sink {
+        state: HashState {
+            hasher,
+            any_row: false,
+            rows: 0,
+            lines: 0,
+        },
+        next_sequence: 0,
+        ready: BTreeMap::new(),
+        spare: Vec::new(),
+        error: None,
+    });
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        for _ in 1..threads.max(1) {
+            scope.spawn(|| work(&source, &sink, &stop));
         }
-    } else {
-        parallel(reader, threads, &mut state)?
-    };
+        work(&source, &sink, &stop);
+    });
+    let bytes = lock(&source).chunks.total;
+    let Sink { state, error, .. } = sink.into_inner().unwrap_or_else(PoisonError::into_inner);
+    if let Some(error) = error {
+        return Err(error);
+    }
     let HashState {
         mut hasher, rows, ..
     } = state;
@@ -81,6 +95,129 @@ pub fn materialized_digest(
         rows,
         bytes,
     })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct Source<R> {
+    chunks: ChunkReader<R>,
+    next_sequence: u64,
+}
+
+/// Results waiting for their turn to be hashed, and the hash so far.
+struct Sink {
+    state: HashState,
+    next_sequence: u64,
+    ready: BTreeMap<u64, Result<(Vec<u8>, Counts), LocalLineError>>,
+    /// Hashed output buffers, reused by the next chunks.
+    spare: Vec<Vec<u8>>,
+    error: Option<MaterializedError>,
+}
+
+fn work<R: Read>(source: &Mutex<Source<R>>, sink: &Mutex<Sink>, stop: &AtomicBool) {
+    let mut chunk = Vec::with_capacity(CHUNK + CHUNK / 8);
+    let mut scratch = Scratch::default();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let sequence = {
+            let mut source = lock(source);
+            match source.chunks.next_chunk(&mut chunk) {
+                Ok(true) => {
+                    source.next_sequence += 1;
+                    source.next_sequence - 1
+                }
+                Ok(false) => return,
+                Err(e) => {
+                    stop.store(true, Ordering::Relaxed);
+                    lock(sink).error.get_or_insert(MaterializedError::Io(e));
+                    return;
+                }
+            }
+        };
+        let mut out = lock(sink)
+            .spare
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(CHUNK + CHUNK / 4));
+        out.clear();
+        let result = canonicalize_lines(&chunk, &mut out, &mut scratch).map(|counts| (out, counts));
+        let mut sink = lock(sink);
+        sink.ready.insert(sequence, result);
+        // Hash every result that is next in order (possibly other threads' results too).
+        loop {
+            let next = sink.next_sequence;
+            let Some(result) = sink.ready.remove(&next) else {
+                break;
+            };
+            sink.next_sequence += 1;
+            match result {
+                Ok((out, counts)) => {
+                    sink.state.absorb(&out, counts);
+                    sink.spare.push(out);
+                }
+                Err(e) => {
+                    let lines = sink.state.lines;
+                    sink.error.get_or_insert(e.offset_by(lines));
+                    stop.store(true, Ordering::Relaxed);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Reads the stream in chunks that end at a line break (or at the end of input).
+struct ChunkReader<R> {
+    reader: R,
+    /// Bytes after the last line break of the previous chunk.
+    carry: Vec<u8>,
+    eof: bool,
+    total: u64,
+}
+
+impl<R: Read> ChunkReader<R> {
+    fn new(reader: R) -> Self {
+        Self {
+            reader,
+            carry: Vec::new(),
+            eof: false,
+            total: 0,
+        }
+    }
+
+    /// Fills `chunk` with the next whole lines; `false` when the input is exhausted.
+    fn next_chunk(&mut self, chunk: &mut Vec<u8>) -> std::io::Result<bool> {
+        chunk.clear();
+        chunk.append(&mut self.carry);
+        loop {
+            if self.eof {
+                return Ok(!chunk.is_empty());
+            }
+            let start = chunk.len();
+            loop {
+                match (&mut self.reader).take(CHUNK as u64).read_to_end(chunk) {
+                    Ok(_) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let got = chunk.len() - start;
+            self.total += got as u64;
+            if got < CHUNK {
+                self.eof = true;
+                return Ok(!chunk.is_empty());
+            }
+            if let Some(cut) = last_line_end(chunk) {
+                self.carry.extend_from_slice(&chunk[cut..]);
+                chunk.truncate(cut);
+                return Ok(true);
+            }
+            // No line break yet: a line longer than a chunk; read on.
+        }
+    }
 }
 
 struct HashState {
@@ -125,109 +262,6 @@ impl LocalLineError {
     }
 }
 
-type Reply = Result<(Vec<u8>, Counts), LocalLineError>;
-
-/// Reader thread -> worker threads -> this thread hashing in submission order.
-fn parallel(
-    reader: impl Read + Send,
-    threads: usize,
-    state: &mut HashState,
-) -> Result<u64, MaterializedError> {
-    std::thread::scope(|scope| {
-        let (job_tx, job_rx) = mpsc::sync_channel::<(Vec<u8>, mpsc::SyncSender<Reply>)>(threads);
-        let job_rx = std::sync::Arc::new(std::sync::Mutex::new(job_rx));
-        for _ in 0..threads {
-            let job_rx = std::sync::Arc::clone(&job_rx);
-            scope.spawn(move || {
-                loop {
-                    let job = match job_rx.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok((chunk, reply)) = job else { return };
-                    let mut out = Vec::with_capacity(chunk.len() + chunk.len() / 4);
-                    let result = canonicalize_lines(&chunk, &mut out).map(|counts| (out, counts));
-                    // The receiver is gone only when hashing already stopped on an error.
-                    let _ = reply.send(result);
-                }
-            });
-        }
-        // At most `threads + 1` chunks wait for hashing: memory stays bounded.
-        let (order_tx, order_rx) = mpsc::sync_channel::<mpsc::Receiver<Reply>>(threads + 1);
-        let reading = scope.spawn(move || {
-            read_chunks(reader, |chunk| {
-                let (reply_tx, reply_rx) = mpsc::sync_channel(1);
-                if order_tx.send(reply_rx).is_err()
-                    || job_tx.send((chunk.to_vec(), reply_tx)).is_err()
-                {
-                    return Err(Stopped);
-                }
-                Ok(())
-            })
-        });
-        for reply in order_rx {
-            let Ok(result) = reply.recv() else { break };
-            let (out, counts) = result.map_err(|e| e.offset_by(state.lines))?;
-            state.absorb(&out, counts);
-        }
-        match reading.join() {
-            Ok(Ok(bytes)) => Ok(bytes),
-            Ok(Err(ReadError::Io(e))) => Err(MaterializedError::Io(e)),
-            Ok(Err(ReadError::Handler(Stopped))) | Err(_) => Err(MaterializedError::Io(
-                std::io::Error::other("the digest pipeline stopped unexpectedly"),
-            )),
-        }
-    })
-}
-
-/// The hashing side hung up (it reports its own error).
-#[derive(Debug)]
-struct Stopped;
-
-enum ReadError<E> {
-    Io(std::io::Error),
-    Handler(E),
-}
-
-/// Reads the stream and hands over chunks that end at a line break (or at the end of input).
-fn read_chunks<E>(
-    mut reader: impl Read,
-    mut handle: impl FnMut(&[u8]) -> Result<(), E>,
-) -> Result<u64, ReadError<E>> {
-    let mut buf: Vec<u8> = Vec::with_capacity(CHUNK * 2);
-    let mut total = 0u64;
-    let mut eof = false;
-    while !eof {
-        // Fill up to CHUNK more bytes.
-        let start = buf.len();
-        buf.resize(start + CHUNK, 0);
-        let mut filled = start;
-        while filled < buf.len() {
-            match reader.read(&mut buf[filled..]) {
-                Ok(0) => {
-                    eof = true;
-                    break;
-                }
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ReadError::Io(e)),
-            }
-        }
-        buf.truncate(filled);
-        total += (filled - start) as u64;
-        let cut = if eof {
-            Some(buf.len())
-        } else {
-            last_line_end(&buf)
-        };
-        if let Some(cut) = cut {
-            handle(&buf[..cut]).map_err(ReadError::Handler)?;
-            buf.drain(..cut);
-        }
-    }
-    Ok(total)
-}
-
 /// End (exclusive) of the last complete line: after the last `\n`, or after a `\r` that is known
 /// not to be the first half of `\r\n`.
 fn last_line_end(buf: &[u8]) -> Option<usize> {
@@ -241,7 +275,13 @@ fn last_line_end(buf: &[u8]) -> Option<usize> {
 }
 
 /// Canonicalizes every non-blank line of a chunk, each preceded by a comma.
-fn canonicalize_lines(chunk: &[u8], out: &mut Vec<u8>) -> Result<Counts, LocalLineError> {
+fn canonicalize_lines(
+    chunk: &[u8],
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) -> Result<Counts, LocalLineError> {
+    // One SIMD validation per chunk; an invalid chunk is re-read line by line to name the line.
+    let chunk_valid = validate_utf8(chunk).is_ok();
     let mut rows = 0u64;
     let mut lines = 0u64;
     let mut pos = 0usize;
@@ -260,28 +300,33 @@ fn canonicalize_lines(chunk: &[u8], out: &mut Vec<u8>) -> Result<Counts, LocalLi
             line_in_chunk: lines,
             source,
         };
-        if is_python_blank(line).map_err(fail)? {
+        if is_python_blank(line, chunk_valid).map_err(fail)? {
             continue;
         }
         out.push(b',');
-        canonicalize_text(line, out).map_err(fail)?;
+        if chunk_valid {
+            canonicalize_valid_utf8(line, out, scratch)
+        } else {
+            canonicalize_text(line, out)
+        }
+        .map_err(fail)?;
         rows += 1;
     }
     Ok(Counts { rows, lines })
 }
 
 /// Whether Python's `line.strip()` would leave nothing (errors on invalid UTF-8, as decoding would).
-fn is_python_blank(line: &[u8]) -> Result<bool, CanonicalError> {
+fn is_python_blank(line: &[u8], valid_utf8: bool) -> Result<bool, CanonicalError> {
     match line.first() {
         None => return Ok(true),
         // The common case: a row starts right away.
         Some(&b) if b > b' ' && b < 0x80 => return Ok(false),
         _ => {}
     }
-    let text = std::str::from_utf8(line).map_err(|e| CanonicalError::Utf8 {
-        offset: e.valid_up_to(),
-    })?;
-    Ok(text.chars().all(is_python_space))
+    if !valid_utf8 {
+        validate_utf8(line)?;
+    }
+    Ok(String::from_utf8_lossy(line).chars().all(is_python_space))
 }
 
 /// Python's `str.isspace()` for one character.

@@ -113,3 +113,35 @@ fn digests_agree_with_python_across_chunk_boundaries_and_threads() {
         assert_eq!(result.bytes, text.len() as u64);
     }
 }
+
+#[test]
+fn a_line_longer_than_a_chunk_and_lone_carriage_returns_are_handled() {
+    let long = format!("{{\"text\":\"{}\"}}", "x".repeat(3 * 1024 * 1024));
+    let text = format!("{long}\r{{\"a\":1}}\r{long}\n");
+    let expected = python_digest(text.as_bytes());
+    for threads in [1, 2] {
+        assert_eq!(materialized_digest(Cursor::new(text.clone().into_bytes()), threads).expect("digest").sha256, expected);
+    }
+}
+
+#[test]
+fn a_read_error_is_reported_not_swallowed() {
+    struct Failing(usize);
+    impl std::io::Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.0 == 0 {
+                return Err(std::io::Error::other("disk vanished"));
+            }
+            let n = buf.len().min(self.0);
+            buf[..n].fill(b'\n');
+            self.0 -= n;
+            Ok(n)
+        }
+    }
+    for threads in [1, 2] {
+        match materialized_digest(Failing(3 * 1024 * 1024), threads) {
+            Err(MaterializedError::Io(e)) => assert!(e.to_string().contains("disk vanished")),
+            other => panic!("expected the read error, got {other:?}"),
+        }
+    }
+}
