@@ -7,6 +7,8 @@ mod support;
 mod canonical;
 #[path = "core/drift.rs"]
 mod drift;
+#[path = "core/errors.rs"]
+mod errors;
 #[path = "core/identity.rs"]
 mod identity;
 #[path = "core/manifest.rs"]

@@ -120,7 +120,12 @@ fn a_line_longer_than_a_chunk_and_lone_carriage_returns_are_handled() {
     let text = format!("{long}\r{{\"a\":1}}\r{long}\n");
     let expected = python_digest(text.as_bytes());
     for threads in [1, 2] {
-        assert_eq!(materialized_digest(Cursor::new(text.clone().into_bytes()), threads).expect("digest").sha256, expected);
+        assert_eq!(
+            materialized_digest(Cursor::new(text.clone().into_bytes()), threads)
+                .expect("digest")
+                .sha256,
+            expected
+        );
     }
 }
 
