@@ -9,12 +9,22 @@
 //! - [`drift`]: differing keys and their semantic / operational class.
 //! - [`verdict`]: the `validate_resume` decision table as a pure function.
 //! - [`errors`]: `IncompleteEvaluationError` and its exit codes.
+//! - [`failure`]: failure vocabulary and the responsibility policy (data).
+//! - [`predicates`]: the seed's row predicates over saved rows.
+//! - [`rows`]: logical rollout ids, streaming JSONL reading, failure-record shape.
+//! - [`journals`]: attempt extensions, masked-rerun approvals, resubmit offset.
+//! - [`plan`]: attempt budget, per-rollout resume plan and coverage snapshot.
 
 pub mod canonical;
 pub mod drift;
 pub mod errors;
+pub mod failure;
 pub mod identity;
+pub mod journals;
 pub mod manifest;
 pub mod materialized;
+pub mod plan;
+pub mod predicates;
 pub mod pretty;
+pub mod rows;
 pub mod verdict;

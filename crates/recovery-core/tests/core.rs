@@ -15,5 +15,11 @@ mod identity;
 mod manifest;
 #[path = "core/materialized.rs"]
 mod materialized;
+#[path = "core/plan.rs"]
+mod plan;
+#[path = "core/predicates.rs"]
+mod predicates;
+#[path = "core/rows.rs"]
+mod rows;
 #[path = "core/verdict.rs"]
 mod verdict;

@@ -1,0 +1,726 @@
+//! Attempt budget, resume plan and coverage: facts §17 scenarios 16-27, 35-39, 43 and 46-48
+//! expressed over saved rows.
+
+use recovery_core::failure::ClassificationPolicy;
+use recovery_core::journals::{attempt_extension, rerun_masked_approvals, resubmit_offset};
+use recovery_core::manifest::RunManifest;
+use recovery_core::plan::{
+    Artifact, Budget, IndexOptions, PlanError, PlanState, ResumePlan, RunIndex,
+};
+use recovery_core::rows::scan_jsonl;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+const RUN: &str = "0123456789abcdef0123456789abcdef";
+
+struct Run {
+    manifest: RunManifest,
+    inventory: Vec<Value>,
+    failures: Vec<Value>,
+    results: Vec<Value>,
+    offset: u64,
+}
+
+impl Run {
+    fn new(tasks: i64) -> Self {
+        let inventory = (0..tasks)
+            .map(|t| json!({"_ng_task_index": t, "_ng_rollout_index": 0, "q": format!("task {t}")}))
+            .collect();
+        Self {
+            manifest: RunManifest::create(RUN, "s", "m", "c", Some(3)),
+            inventory,
+            failures: vec![],
+            results: vec![],
+            offset: 0,
+        }
+    }
+
+    fn reserve(mut self, task: i64, next: u64) -> Self {
+        self.manifest.next_attempt.insert(format!("{task}-0"), next);
+        self
+    }
+
+    fn cap(mut self, cap: u64) -> Self {
+        self.manifest.max_rollout_attempts = Some(cap);
+        self
+    }
+
+    fn failure(mut self, task: i64, attempt: i64, extra: Value) -> Self {
+        let reserved = self
+            .manifest
+            .next_attempt
+            .get(&format!("{task}-0"))
+            .copied()
+            .unwrap_or(0);
+        self = self.reserve(task, reserved.max(attempt as u64 + 1));
+        self.failures.push(merge(outcome(task, attempt), extra));
+        self
+    }
+
+    fn result(mut self, task: i64, attempt: i64, extra: Value) -> Self {
+        let reserved = self
+            .manifest
+            .next_attempt
+            .get(&format!("{task}-0"))
+            .copied()
+            .unwrap_or(0);
+        self = self.reserve(task, reserved.max(attempt as u64 + 1));
+        self.results.push(merge(outcome(task, attempt), extra));
+        self
+    }
+
+    fn plan(
+        &self,
+        budget: Budget,
+        approvals: &BTreeSet<(i64, i64, i64)>,
+    ) -> Result<ResumePlan, PlanError> {
+        let policy = ClassificationPolicy::default();
+        let mut index = RunIndex::new(
+            &self.manifest,
+            self.inventory.clone(),
+            &policy,
+            IndexOptions {
+                resubmit_offset: self.offset,
+            },
+        )?;
+        for (artifact, rows) in [
+            (Artifact::Failures, &self.failures),
+            (Artifact::Results, &self.results),
+        ] {
+            let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+            scan_jsonl(text.as_bytes(), "rows", |record| {
+                index.add(artifact, &record)
+            })
+            .map_err(|e| match e {
+                recovery_core::rows::JsonlError::Handler(e) => e,
+                other => panic!("{other}"),
+            })?;
+        }
+        Ok(index.plan(&budget, approvals))
+    }
+
+    fn default_plan(&self) -> ResumePlan {
+        self.plan(Budget::default(), &BTreeSet::new())
+            .expect("plan")
+    }
+}
+
+fn outcome(task: i64, attempt: i64) -> Value {
+    json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt, "_ng_run_id": RUN})
+}
+
+fn merge(mut base: Value, extra: Value) -> Value {
+    if let (Value::Object(b), Value::Object(e)) = (&mut base, extra) {
+        b.extend(e);
+    }
+    base
+}
+
+fn scored() -> Value {
+    json!({"reward": 1.0, "response": {"output": [{"type": "message"}], "status": "completed"}})
+}
+
+fn failed(class: &str) -> Value {
+    json!({"_ng_failure_class": class, "_ng_failure_terminal": false, "error": "x"})
+}
+
+fn states(plan: &ResumePlan) -> Vec<PlanState> {
+    plan.entries.iter().map(|e| e.state).collect()
+}
+
+#[test]
+fn scenario_16_an_interrupted_lazy_dispatch_resumes_the_unfinished_rollouts() {
+    let run = Run::new(3).reserve(1, 1).result(0, 0, scored());
+    let plan = run.default_plan();
+    assert_eq!(
+        states(&plan),
+        [PlanState::Scored, PlanState::Missing, PlanState::Missing]
+    );
+    let order: Vec<(&str, Option<i64>)> = plan
+        .dispatch_order(false)
+        .iter()
+        .map(|e| (e.rollout_id.as_str(), e.next_attempt))
+        .collect();
+    assert_eq!(order, [("1-0", Some(1)), ("2-0", Some(0))]);
+    assert_eq!(plan.coverage.never_dispatched, 1);
+}
+
+#[test]
+fn scenario_18_reservations_alone_are_not_failures() {
+    let run = (0..4).fold(Run::new(4), |run, t| run.reserve(t, 3));
+    let plan = run.default_plan();
+    assert_eq!(
+        (
+            plan.coverage.unknown,
+            plan.coverage.counted_failures,
+            plan.coverage.successful,
+            plan.coverage.failed
+        ),
+        (4, 0, 0, 0)
+    );
+    assert!(
+        plan.entries
+            .iter()
+            .all(|e| e.state == PlanState::Missing && e.next_attempt == Some(3))
+    );
+}
+
+#[test]
+fn scenario_19_unscored_completions_setup_failures_and_terminal_failures_are_counted_apart() {
+    let run = Run::new(3)
+        .result(0, 0, json!({"mask_sample": true}))
+        .failure(1, 0, failed("environment_server_failed"))
+        .result(
+            1,
+            1,
+            json!({"reward": 0.0, "response": {"output": [], "status": "completed"}}),
+        )
+        .failure(
+            2,
+            0,
+            json!({"_ng_failure_class": "agent_run_error", "_ng_failure_terminal": true}),
+        );
+    let c = run.default_plan().coverage;
+    assert_eq!(
+        (c.successful, c.measured, c.unscored, c.failed),
+        (2, 1, 1, 1)
+    );
+    let error = c.check_complete().expect_err("incomplete");
+    assert!(
+        error.to_string().contains("2/3 samples completed"),
+        "{error}"
+    );
+}
+
+#[test]
+fn scenario_20_only_delivered_non_terminal_failures_count() {
+    for delivery in ["not_sent", "possibly_delivered", "delivered"] {
+        for terminal in [false, true] {
+            let record = json!({"schema_version": 1, "episode_id": {"rollout_id": "0-0", "attempt": 0}, "run_id": RUN, "source": "collector",
+                "delivery": delivery, "failure": {"failure_reason": "boom", "terminal": terminal, "failure_kind": "transport_peer_drop"}, "http_status": null, "exception_type": null});
+            let run = Run::new(1).cap(1).failure(0, 0, json!({"_ng_failure_class": "transport_peer_drop", "_ng_failure_terminal": terminal, "_ng_failure_record": record}));
+            let plan = run.default_plan();
+            let counted = delivery != "not_sent" && !terminal;
+            assert_eq!(
+                plan.coverage.counted_failures,
+                u64::from(counted),
+                "{delivery} terminal={terminal}"
+            );
+            let pending = !terminal && delivery == "not_sent";
+            assert_eq!(
+                plan.entries[0].state == PlanState::Retryable,
+                pending,
+                "{delivery} terminal={terminal}"
+            );
+        }
+    }
+}
+
+#[test]
+fn scenario_21_exhaustion_depends_on_the_cap() {
+    let run = || {
+        Run::new(6)
+            .reserve(4, 1)
+            .result(0, 0, scored())
+            .failure(1, 0, failed("agent_run_error"))
+            .failure(2, 0, json!({"_ng_failure_class": "timeout_exceeded", "_ng_failure_terminal": true}))
+            .failure(3, 0, json!({"_ng_failure_class": "skipped", "_ng_failure_terminal": true, "_ng_omitted": true}))
+    };
+    for (cap, exhausted) in [(1, 1), (2, 0)] {
+        let plan = run().cap(cap).default_plan();
+        let c = &plan.coverage;
+        assert_eq!(
+            (
+                c.failed,
+                c.unknown,
+                c.never_dispatched,
+                c.attempts,
+                c.intentionally_omitted
+            ),
+            (2, 2, 1, 5, 1),
+            "cap {cap}"
+        );
+        assert_eq!(c.attempts_exhausted, exhausted, "cap {cap}");
+        assert_eq!(plan.budget_message.is_some(), exhausted > 0);
+    }
+}
+
+#[test]
+fn scenario_22_repeated_kill_shaped_failures_exhaust_the_cap() {
+    let run = Run::new(3)
+        .cap(2)
+        .failure(0, 0, failed("kill_shaped"))
+        .failure(1, 0, failed("kill_shaped"))
+        .failure(0, 1, failed("kill_shaped"))
+        .failure(1, 1, failed("kill_shaped"))
+        .result(2, 0, scored());
+    let plan = run.default_plan();
+    let c = &plan.coverage;
+    assert_eq!(
+        (c.attempts, c.attempts_exhausted, c.max_rollout_attempts),
+        (5, 2, 2)
+    );
+    let message = plan.budget_message.expect("message");
+    assert!(
+        message.contains("Retry budget exhausted for 2 rollout(s) at the cap of 2"),
+        "{message}"
+    );
+}
+
+#[test]
+fn scenario_23_the_newest_reserved_attempt_wins() {
+    let run = Run::new(1).reserve(0, 2).result(0, 0, scored());
+    let plan = run.default_plan();
+    assert_eq!(
+        plan.coverage.successful, 0,
+        "a newer reservation supersedes the older success"
+    );
+    assert_eq!(
+        (plan.entries[0].state, plan.entries[0].next_attempt),
+        (PlanState::Missing, Some(2))
+    );
+    let run = run.result(
+        0,
+        2,
+        json!({"reward": 0.0, "response": {"output": [], "status": "completed"}}),
+    );
+    let plan = run.default_plan();
+    assert_eq!(
+        (
+            plan.entries[0].state,
+            plan.entries[0].latest_attempt,
+            plan.coverage.successful
+        ),
+        (PlanState::Scored, Some(2), 1)
+    );
+}
+
+#[test]
+fn scenario_24_and_25_invalid_outcomes_are_refused() {
+    let conflict = Run::new(1).result(0, 0, scored()).result(
+        0,
+        0,
+        json!({"reward": 0.5, "response": {"status": "completed"}}),
+    );
+    assert!(matches!(
+        conflict.plan(Budget::default(), &BTreeSet::new()),
+        Err(PlanError::Conflict { .. })
+    ));
+    let duplicate = Run::new(1).result(0, 0, scored()).result(0, 0, scored());
+    assert!(
+        duplicate.plan(Budget::default(), &BTreeSet::new()).is_ok(),
+        "the same payload twice is one outcome"
+    );
+    let mut unreserved = Run::new(1);
+    unreserved.results.push(merge(outcome(0, 0), scored()));
+    let error = unreserved
+        .plan(Budget::default(), &BTreeSet::new())
+        .expect_err("unreserved");
+    assert!(error.to_string().contains("no reserved attempt"), "{error}");
+    let mut foreign = Run::new(1).reserve(0, 1);
+    foreign.results.push(merge(
+        merge(outcome(0, 0), scored()),
+        json!({"_ng_run_id": "other"}),
+    ));
+    assert!(
+        foreign
+            .plan(Budget::default(), &BTreeSet::new())
+            .expect_err("foreign")
+            .to_string()
+            .contains("different run")
+    );
+    let record = |run_id: &str, rollout: &str, attempt: i64, terminal: bool, kind: &str| {
+        json!({"episode_id": {"rollout_id": rollout, "attempt": attempt}, "run_id": run_id, "source": "environment", "delivery": "delivered",
+            "failure": {"failure_reason": "x", "terminal": terminal, "failure_kind": kind}})
+    };
+    for (name, record) in [
+        ("run id", record("other", "0-0", 0, false, "session_lost")),
+        ("rollout id", record(RUN, "1-0", 0, false, "session_lost")),
+        ("attempt", record(RUN, "0-0", 3, false, "session_lost")),
+        ("terminal flag", record(RUN, "0-0", 0, true, "session_lost")),
+        (
+            "failure kind",
+            record(RUN, "0-0", 0, false, "verifier_error"),
+        ),
+    ] {
+        let run = Run::new(2).failure(0, 0, json!({"_ng_failure_class": "session_lost", "_ng_failure_terminal": false, "_ng_failure_record": record}));
+        let error = run
+            .plan(Budget::default(), &BTreeSet::new())
+            .expect_err(name);
+        assert!(
+            error.to_string().contains("inconsistent"),
+            "{name}: {error}"
+        );
+    }
+    let wrong = Run::new(1).result(0, 0, failed("agent_run_error"));
+    assert!(matches!(
+        wrong.plan(Budget::default(), &BTreeSet::new()),
+        Err(PlanError::WrongArtifact { .. })
+    ));
+    let mut stranger = Run::new(1).reserve(0, 1);
+    stranger
+        .results
+        .push(json!({"_ng_task_index": 9, "_ng_rollout_index": 0, "_ng_run_id": RUN}));
+    assert!(
+        stranger
+            .plan(Budget::default(), &BTreeSet::new())
+            .expect_err("stranger")
+            .to_string()
+            .contains("not in this run's materialized inputs")
+    );
+}
+
+#[test]
+fn scenario_27_legacy_rows_are_numbered_in_arrival_order() {
+    let mut run = Run::new(2);
+    run.manifest = RunManifest::import_legacy(RUN, "m");
+    let untagged = |task: i64, extra: Value| {
+        merge(
+            json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": 0}),
+            extra,
+        )
+    };
+    run.results.push(untagged(0, failed("transient")));
+    run.results.push(untagged(0, scored()));
+    let plan = run.default_plan();
+    assert_eq!(
+        (plan.entries[0].state, plan.entries[0].latest_attempt),
+        (PlanState::Scored, Some(1))
+    );
+    assert_eq!(plan.coverage.attempts, 2);
+    assert!(!plan.coverage.identity_verified);
+}
+
+#[test]
+fn scenario_36_a_drained_budget_leaves_everything_never_dispatched() {
+    let c = Run::new(3).default_plan().coverage;
+    assert_eq!((c.attempts, c.never_dispatched, c.complete), (0, 3, false));
+}
+
+#[test]
+fn scenario_37_terminal_timeouts_retry_only_with_the_opt_in() {
+    let run = || {
+        Run::new(1).cap(1).failure(
+            0,
+            0,
+            json!({"_ng_failure_class": "timeout_exceeded", "_ng_failure_terminal": true}),
+        )
+    };
+    let plan = run().default_plan();
+    assert_eq!(
+        (plan.entries[0].state, plan.coverage.attempts_exhausted),
+        (PlanState::Terminal, 0)
+    );
+    let mut opted = run();
+    opted.manifest.retry_terminal_timeouts = true;
+    let plan = opted.default_plan();
+    assert!(plan.coverage.retry_terminal_timeouts);
+    assert_eq!(
+        (plan.entries[0].state, plan.coverage.attempts_exhausted),
+        (PlanState::Exhausted, 1)
+    );
+    let plan = opted
+        .plan(
+            Budget {
+                default_cap: 3,
+                extension: 1,
+            },
+            &BTreeSet::new(),
+        )
+        .expect("plan");
+    assert_eq!(
+        (
+            plan.entries[0].state,
+            plan.entries[0].next_attempt,
+            plan.cap
+        ),
+        (PlanState::Retryable, Some(1), 2)
+    );
+}
+
+#[test]
+fn scenario_38_longest_failures_dispatch_first() {
+    let run = Run::new(3)
+        .failure(
+            0,
+            0,
+            merge(failed("agent_run_error"), json!({"elapsed_seconds": 5})),
+        )
+        .failure(
+            1,
+            0,
+            merge(failed("agent_run_error"), json!({"elapsed_seconds": 20})),
+        )
+        .failure(
+            2,
+            0,
+            merge(failed("agent_run_error"), json!({"elapsed_seconds": 10})),
+        );
+    let plan = run.default_plan();
+    let order: Vec<&str> = plan
+        .dispatch_order(true)
+        .iter()
+        .map(|e| e.rollout_id.as_str())
+        .collect();
+    assert_eq!(order, ["1-0", "2-0", "0-0"]);
+    let natural: Vec<&str> = plan
+        .dispatch_order(false)
+        .iter()
+        .map(|e| e.rollout_id.as_str())
+        .collect();
+    assert_eq!(natural, ["0-0", "1-0", "2-0"]);
+}
+
+#[test]
+fn scenario_39_a_cached_deliverable_is_reused_only_from_the_newest_outcome() {
+    let cached = merge(
+        failed("agent_run_error"),
+        json!({"reuse_cached_deliverable": true}),
+    );
+    let plan = Run::new(1).failure(0, 0, cached.clone()).default_plan();
+    assert!(plan.entries[0].reuse_cached_deliverable);
+    let plan = Run::new(1)
+        .failure(0, 0, cached.clone())
+        .reserve(0, 3)
+        .default_plan();
+    assert!(
+        plan.entries[0].reuse_cached_deliverable,
+        "an unknown newer reservation carries no new decision"
+    );
+    assert_eq!(plan.entries[0].next_attempt, Some(3));
+    let plan = Run::new(1)
+        .failure(0, 0, cached.clone())
+        .failure(0, 1, failed("agent_run_error"))
+        .default_plan();
+    assert!(
+        !plan.entries[0].reuse_cached_deliverable,
+        "a newer failure without the flag drops it"
+    );
+}
+
+#[test]
+fn scenario_43_the_completion_check_names_the_fraction_and_exit_code() {
+    let plan = Run::new(3)
+        .result(0, 0, scored())
+        .result(1, 0, scored())
+        .default_plan();
+    let error = plan.coverage.check_complete().expect_err("incomplete");
+    assert!(error.to_string().contains("2/3"));
+    assert_eq!(error.exit_code(), 75);
+    let complete = Run::new(1).result(0, 0, scored()).default_plan();
+    assert!(complete.coverage.check_complete().is_ok());
+    let none = Run::new(2).default_plan();
+    assert_eq!(
+        none.coverage
+            .check_complete()
+            .expect_err("none")
+            .exit_code(),
+        1,
+        "no progress"
+    );
+}
+
+#[test]
+fn scenario_46_masked_infrastructure_results_retry_within_the_cap() {
+    let masked = |kind: &str| json!({"mask_sample": true, "reward": 0.0, "failure_kind": kind});
+    let plan = Run::new(1)
+        .result(0, 0, masked("session_lost"))
+        .default_plan();
+    assert_eq!(
+        (
+            plan.entries[0].state,
+            plan.entries[0].next_attempt,
+            plan.coverage.counted_failures
+        ),
+        (PlanState::Retryable, Some(1), 1)
+    );
+    let plan = Run::new(1)
+        .cap(1)
+        .result(0, 0, masked("session_lost"))
+        .default_plan();
+    assert_eq!(
+        plan.entries[0].state,
+        PlanState::Exhausted,
+        "the masked row counts one failed attempt"
+    );
+    for kind in [
+        "judge_failed",
+        "judge_unparseable",
+        "agent_route_failed",
+        "transport_unreachable",
+        "agent_run_error",
+        "custom",
+        "ns:kind",
+    ] {
+        let plan = Run::new(1).result(0, 0, masked(kind)).default_plan();
+        assert_eq!(
+            plan.entries[0].state,
+            PlanState::Masked,
+            "{kind} stays the result"
+        );
+    }
+    let answered = merge(
+        masked("session_lost"),
+        json!({"response": {"output": [{}], "status": "completed"}}),
+    );
+    assert_eq!(
+        Run::new(1).result(0, 0, answered).default_plan().entries[0].state,
+        PlanState::AwaitingApproval
+    );
+    let graded = merge(
+        masked("session_lost"),
+        json!({"response": {"output": [{}], "status": "completed"}, "_ng_recorded_grade": {"v": 0}}),
+    );
+    assert_eq!(
+        Run::new(1).result(0, 0, graded).default_plan().entries[0].state,
+        PlanState::Masked
+    );
+}
+
+#[test]
+fn scenario_47_answered_deadlines_are_final_and_infrastructure_timeouts_retry() {
+    let timeout = |category: &str| {
+        json!({"_ng_failure_class": "agent_timeout", "_ng_failure_terminal": false, "elapsed_seconds": 100,
+            "_ng_failure_partial_response": {"output": [{"type": "message"}], "status": "incomplete"},
+            "_ng_collected_model_calls": [{"error_category": null, "started_at": 0, "duration_ms": 1000}, {"error_category": category, "started_at": 50, "duration_ms": 100}]})
+    };
+    let plan = Run::new(1)
+        .failure(0, 0, timeout("rate_limit"))
+        .default_plan();
+    assert_eq!(
+        (
+            plan.entries[0].state,
+            plan.coverage.failures_counted_as_zero
+        ),
+        (PlanState::ModelFinal, 1)
+    );
+    let plan = Run::new(1)
+        .failure(0, 0, timeout("upstream_error"))
+        .default_plan();
+    assert_eq!(plan.entries[0].state, PlanState::Retryable);
+}
+
+#[test]
+fn scenario_48_an_approval_reopens_exactly_the_attempt_it_names() {
+    let masked = json!({"mask_sample": true, "reward": 0.0, "failure_kind": "verifier_error", "response": {"output": [{}], "status": "completed"}});
+    let mut run = Run::new(4);
+    run.inventory[3] = json!({"_ng_task_index": 3, "_ng_rollout_index": 0});
+    let run = run.result(3, 1, masked.clone());
+    let journal = "{\"approval_id\":\"a1\",\"task_index\":3,\"rollout_index\":0,\"attempt_index\":1}\nnot json\n{\"task_index\":3,\"rollout_index\":\"0\",\"attempt_index\":2}\n";
+    let approvals = rerun_masked_approvals(journal.as_bytes());
+    assert_eq!(
+        approvals,
+        BTreeSet::from([(3, 0, 1)]),
+        "unreadable lines approve nothing"
+    );
+    let plan = run.plan(Budget::default(), &approvals).expect("plan");
+    assert_eq!(
+        (plan.entries[3].state, plan.entries[3].next_attempt),
+        (PlanState::ApprovedRerun, Some(2))
+    );
+    let later = run.result(3, 2, masked);
+    let plan = later.plan(Budget::default(), &approvals).expect("plan");
+    assert_eq!(
+        plan.entries[3].state,
+        PlanState::AwaitingApproval,
+        "a later attempt is never reopened by it"
+    );
+}
+
+#[test]
+fn the_budget_reads_extensions_and_the_resubmit_offset() {
+    let extensions = "{\"at\":\"t\",\"extend_attempts\":2,\"by\":\"op\",\"reason\":\"r\"}\n\n{\"extend_attempts\":1}\n";
+    assert_eq!(
+        attempt_extension(extensions.as_bytes(), "x").expect("sum"),
+        3
+    );
+    for bad in [
+        "{\"extend_attempts\":0}\n",
+        "{\"extend_attempts\":\"2\"}\n",
+        "{\"extend_attempts\":2}\n{\"extend_",
+        "nope\n",
+    ] {
+        assert!(
+            attempt_extension(bad.as_bytes(), "x").is_err(),
+            "{bad:?} must stop the run"
+        );
+    }
+    assert_eq!(
+        resubmit_offset("3\n7\n".as_bytes(), "x").expect("offset"),
+        7
+    );
+    assert_eq!(resubmit_offset("".as_bytes(), "x").expect("offset"), 0);
+    assert!(resubmit_offset("3\nseven\n".as_bytes(), "x").is_err());
+    let mut run = Run::new(1)
+        .cap(2)
+        .failure(0, 0, failed("agent_run_error"))
+        .failure(0, 1, failed("agent_run_error"));
+    assert_eq!(run.default_plan().entries[0].state, PlanState::Exhausted);
+    run.offset = 2;
+    let plan = run.default_plan();
+    assert_eq!(
+        (
+            plan.entries[0].state,
+            plan.entries[0].counted_failures,
+            plan.entries[0].next_attempt
+        ),
+        (PlanState::Retryable, 0, Some(2))
+    );
+}
+
+#[test]
+fn plan_states_cover_zero_counted_judge_recoverable_and_unclassified_failures() {
+    let run = Run::new(4)
+        .failure(0, 0, merge(failed("agent_run_error"), json!({"_ng_failure_counts_as_zero": true})))
+        .failure(1, 0, merge(failed("judge_failed"), json!({"response": {"output": [{}], "status": "completed"}})))
+        .failure(2, 0, json!({"_ng_failure_class": "agent_request_failed", "_ng_failure_terminal": false,
+            "_ng_failure_partial_response": {"output": []},
+            "_ng_failure_record": {"episode_id": {"rollout_id": "2-0", "attempt": 0}, "run_id": RUN, "source": "collector", "delivery": "possibly_delivered", "failure": {"failure_reason": "x", "terminal": false}}}))
+        .result(3, 0, merge(scored(), json!({"failure_kind": "judge_unparseable"})));
+    let plan = run.default_plan();
+    assert_eq!(
+        states(&plan),
+        [
+            PlanState::ModelFinal,
+            PlanState::JudgeRecoverable,
+            PlanState::Terminal,
+            PlanState::JudgeRecoverable
+        ]
+    );
+    let c = &plan.coverage;
+    assert_eq!(
+        c.expected,
+        c.successful + c.failed + c.intentionally_omitted + c.unknown
+    );
+    assert_eq!(c.successful, c.measured + c.masked + c.unscored);
+}
+
+#[test]
+fn inventory_problems_are_refused() {
+    let mut run = Run::new(2);
+    run.inventory[1] = run.inventory[0].clone();
+    assert!(matches!(
+        run.plan(Budget::default(), &BTreeSet::new()),
+        Err(PlanError::DuplicateRollout(_))
+    ));
+    let run = Run::new(1).reserve(5, 1);
+    assert!(matches!(
+        run.plan(Budget::default(), &BTreeSet::new()),
+        Err(PlanError::UnknownReservations(_))
+    ));
+    let mut run = Run::new(1);
+    run.inventory[0] = json!({"_ng_rollout_id": "task-a1"});
+    assert!(
+        run.plan(Budget::default(), &BTreeSet::new())
+            .expect_err("suffix")
+            .to_string()
+            .contains("reserved attempt suffix")
+    );
+    run.inventory[0] = json!({"q": 1});
+    assert!(
+        run.plan(Budget::default(), &BTreeSet::new())
+            .expect_err("no id")
+            .to_string()
+            .contains("requires a rollout id")
+    );
+}

@@ -1,0 +1,92 @@
+//! Reading saved JSONL: torn tails, malformed lines, non-objects, blank lines; rollout ids.
+
+use recovery_core::rows::{JsonlError, logical_rollout_id, read_jsonl};
+use serde_json::json;
+
+#[test]
+fn scenario_35_a_torn_final_line_is_reported_and_a_terminated_one_is_an_error() {
+    let torn = "{\"a\":1}\n\n{\"b\":2}\n{\"reward\":";
+    let (records, summary) = read_jsonl(torn.as_bytes(), "out.jsonl").expect("readable");
+    assert_eq!(records.iter().map(|r| r.line).collect::<Vec<_>>(), [1, 3]);
+    let tail = summary.torn_tail.expect("torn tail reported");
+    assert_eq!((tail.line, tail.offset, tail.length), (4, 17, 10));
+    match read_jsonl(format!("{torn}\n").as_bytes(), "out.jsonl") {
+        Err(JsonlError::Malformed { path, line, .. }) => {
+            assert_eq!((path.as_str(), line), ("out.jsonl", 4))
+        }
+        other => panic!("{other:?}"),
+    }
+    let complete_tail = "{\"a\":1}\n{\"b\":2}";
+    let (records, summary) = read_jsonl(complete_tail.as_bytes(), "x").expect("readable");
+    assert_eq!(
+        (records.len(), summary.torn_tail),
+        (2, None),
+        "a parseable unterminated line is a record"
+    );
+    assert!(matches!(
+        read_jsonl("[1]\n".as_bytes(), "x"),
+        Err(JsonlError::NotAnObject { line: 1, .. })
+    ));
+    assert!(matches!(
+        read_jsonl("{\"a\":NaN}\n".as_bytes(), "x"),
+        Err(JsonlError::Malformed { .. })
+    ));
+    let (records, _) =
+        read_jsonl(" \t\r\n{\"a\":1}\r\n".as_bytes(), "x").expect("blank lines and CRLF");
+    assert_eq!(
+        (
+            records.len(),
+            records[0].line,
+            records[0].offset,
+            records[0].length
+        ),
+        (1, 2, 4, 9)
+    );
+}
+
+#[test]
+fn logical_rollout_ids_follow_the_identity_rules() {
+    let table = [
+        (
+            json!({"_ng_task_index": 3, "_ng_rollout_index": 1, "_ng_attempt_index": 2}),
+            Ok("3-1"),
+        ),
+        (
+            json!({"_ng_rollout_id": "task.A_b-1", "_ng_task_index": 3}),
+            Ok("task.A_b-1"),
+        ),
+        (
+            json!({"_ng_rollout_id": null, "_ng_task_index": 0, "_ng_rollout_index": 0}),
+            Ok("0-0"),
+        ),
+        (
+            json!({"_ng_rollout_id": "x-a2"}),
+            Err("reserved attempt suffix"),
+        ),
+        (json!({"_ng_rollout_id": "x-a0"}), Ok("x-a0")),
+        (
+            json!({"_ng_rollout_id": "../bad"}),
+            Err("Invalid rollout identity"),
+        ),
+        (
+            json!({"_ng_rollout_id": ""}),
+            Err("Invalid rollout identity"),
+        ),
+        (
+            json!({"_ng_rollout_id": 5}),
+            Err("Invalid rollout identity"),
+        ),
+        (json!({"_ng_task_index": 3}), Err("requires a rollout id")),
+        (
+            json!({"_ng_task_index": true, "_ng_rollout_index": 0}),
+            Err("requires a rollout id"),
+        ),
+    ];
+    for (row, expected) in table {
+        match (logical_rollout_id(&row), expected) {
+            (Ok(id), Ok(want)) => assert_eq!(id, want, "{row}"),
+            (Err(e), Err(want)) => assert!(e.to_string().contains(want), "{row}: {e}"),
+            (got, want) => panic!("{row}: got {got:?}, want {want:?}"),
+        }
+    }
+}
