@@ -115,7 +115,7 @@ impl FailureStage {
 }
 
 /// Who is responsible for a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FailureClass {
     /// The evaluation (infrastructure, harness, verifier) failed: retry within the budget.

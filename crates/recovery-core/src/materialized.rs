@@ -13,14 +13,10 @@
 use crate::canonical::{
     CanonicalError, Scratch, canonicalize_text, canonicalize_valid_utf8, hex, validate_utf8,
 };
+use crate::pipeline::{CHUNK, LineEnds, PipelineError, lock, process_ordered};
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, PoisonError};
-
-/// Bytes read per chunk; lines are never split across chunks.
-const CHUNK: usize = 1 << 20;
+use std::sync::Mutex;
 
 /// The result of digesting a materialized-inputs stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,45 +43,45 @@ pub enum MaterializedError {
 }
 
 /// Digests a JSONL stream using up to `threads` canonicalizing threads (the calling thread is one
-/// of them; 0 counts as 1).
-///
-/// Each thread takes the next chunk from the reader, canonicalizes it, and hashes every result
-/// that is next in order; no thread waits for another except to take its turn at the reader or
-/// at the hasher, so two cores stay busy with two threads.
+/// of them; 0 counts as 1); chunks are hashed in stream order.
 pub fn materialized_digest(
     reader: impl Read + Send,
     threads: usize,
 ) -> Result<MaterializedDigest, MaterializedError> {
     let mut hasher = Sha256::new();
     hasher.update(b"[");
-    let source = Mutex::new(Source {
-        chunks: ChunkReader::new(reader),
-        next_sequence: 0,
-    });
-    let sink = Mutex::new(Sink {
-        state: HashState {
-            hasher,
-            any_row: false,
-            rows: 0,
-            lines: 0,
+    let mut state = HashState {
+        hasher,
+        any_row: false,
+        rows: 0,
+        lines: 0,
+    };
+    // Hashed output buffers go back to the workers, so chunks allocate nothing once warm.
+    let spare: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
+    let result = process_ordered(
+        reader,
+        threads,
+        LineEnds::Universal,
+        Scratch::default,
+        |scratch, chunk| {
+            let mut out = lock(&spare)
+                .pop()
+                .unwrap_or_else(|| Vec::with_capacity(CHUNK + CHUNK / 4));
+            out.clear();
+            canonicalize_lines(chunk, &mut out, scratch).map(|counts| (out, counts))
         },
-        next_sequence: 0,
-        ready: BTreeMap::new(),
-        spare: Vec::new(),
-        error: None,
-    });
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|scope| {
-        for _ in 1..threads.max(1) {
-            scope.spawn(|| work(&source, &sink, &stop));
-        }
-        work(&source, &sink, &stop);
-    });
-    let bytes = lock(&source).chunks.total;
-    let Sink { state, error, .. } = sink.into_inner().unwrap_or_else(PoisonError::into_inner);
-    if let Some(error) = error {
-        return Err(error);
-    }
+        |result| {
+            let (out, counts) = result.map_err(|e| e.offset_by(state.lines))?;
+            state.absorb(&out, counts);
+            lock(&spare).push(out);
+            Ok(())
+        },
+    );
+    let bytes = match result {
+        Ok(bytes) => bytes,
+        Err(PipelineError::Io(e)) => return Err(MaterializedError::Io(e)),
+        Err(PipelineError::Consumer(e)) => return Err(e),
+    };
     let HashState {
         mut hasher, rows, ..
     } = state;
@@ -95,129 +91,6 @@ pub fn materialized_digest(
         rows,
         bytes,
     })
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-struct Source<R> {
-    chunks: ChunkReader<R>,
-    next_sequence: u64,
-}
-
-/// Results waiting for their turn to be hashed, and the hash so far.
-struct Sink {
-    state: HashState,
-    next_sequence: u64,
-    ready: BTreeMap<u64, Result<(Vec<u8>, Counts), LocalLineError>>,
-    /// Hashed output buffers, reused by the next chunks.
-    spare: Vec<Vec<u8>>,
-    error: Option<MaterializedError>,
-}
-
-fn work<R: Read>(source: &Mutex<Source<R>>, sink: &Mutex<Sink>, stop: &AtomicBool) {
-    let mut chunk = Vec::with_capacity(CHUNK + CHUNK / 8);
-    let mut scratch = Scratch::default();
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return;
-        }
-        let sequence = {
-            let mut source = lock(source);
-            match source.chunks.next_chunk(&mut chunk) {
-                Ok(true) => {
-                    source.next_sequence += 1;
-                    source.next_sequence - 1
-                }
-                Ok(false) => return,
-                Err(e) => {
-                    stop.store(true, Ordering::Relaxed);
-                    lock(sink).error.get_or_insert(MaterializedError::Io(e));
-                    return;
-                }
-            }
-        };
-        let mut out = lock(sink)
-            .spare
-            .pop()
-            .unwrap_or_else(|| Vec::with_capacity(CHUNK + CHUNK / 4));
-        out.clear();
-        let result = canonicalize_lines(&chunk, &mut out, &mut scratch).map(|counts| (out, counts));
-        let mut sink = lock(sink);
-        sink.ready.insert(sequence, result);
-        // Hash every result that is next in order (possibly other threads' results too).
-        loop {
-            let next = sink.next_sequence;
-            let Some(result) = sink.ready.remove(&next) else {
-                break;
-            };
-            sink.next_sequence += 1;
-            match result {
-                Ok((out, counts)) => {
-                    sink.state.absorb(&out, counts);
-                    sink.spare.push(out);
-                }
-                Err(e) => {
-                    let lines = sink.state.lines;
-                    sink.error.get_or_insert(e.offset_by(lines));
-                    stop.store(true, Ordering::Relaxed);
-                    return;
-                }
-            }
-        }
-    }
-}
-
-/// Reads the stream in chunks that end at a line break (or at the end of input).
-struct ChunkReader<R> {
-    reader: R,
-    /// Bytes after the last line break of the previous chunk.
-    carry: Vec<u8>,
-    eof: bool,
-    total: u64,
-}
-
-impl<R: Read> ChunkReader<R> {
-    fn new(reader: R) -> Self {
-        Self {
-            reader,
-            carry: Vec::new(),
-            eof: false,
-            total: 0,
-        }
-    }
-
-    /// Fills `chunk` with the next whole lines; `false` when the input is exhausted.
-    fn next_chunk(&mut self, chunk: &mut Vec<u8>) -> std::io::Result<bool> {
-        chunk.clear();
-        chunk.append(&mut self.carry);
-        loop {
-            if self.eof {
-                return Ok(!chunk.is_empty());
-            }
-            let start = chunk.len();
-            loop {
-                match (&mut self.reader).take(CHUNK as u64).read_to_end(chunk) {
-                    Ok(_) => break,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            let got = chunk.len() - start;
-            self.total += got as u64;
-            if got < CHUNK {
-                self.eof = true;
-                return Ok(!chunk.is_empty());
-            }
-            if let Some(cut) = last_line_end(chunk) {
-                self.carry.extend_from_slice(&chunk[cut..]);
-                chunk.truncate(cut);
-                return Ok(true);
-            }
-            // No line break yet: a line longer than a chunk; read on.
-        }
-    }
 }
 
 struct HashState {
@@ -259,18 +132,6 @@ impl LocalLineError {
             line: lines_before + self.line_in_chunk,
             source: self.source,
         }
-    }
-}
-
-/// End (exclusive) of the last complete line: after the last `\n`, or after a `\r` that is known
-/// not to be the first half of `\r\n`.
-fn last_line_end(buf: &[u8]) -> Option<usize> {
-    if let Some(i) = memchr::memrchr(b'\n', buf) {
-        return Some(i + 1);
-    }
-    match memchr::memrchr(b'\r', buf) {
-        Some(i) if i + 1 < buf.len() => Some(i + 1),
-        _ => None,
     }
 }
 

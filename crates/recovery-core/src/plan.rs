@@ -13,6 +13,7 @@
 //!   final, a masked kept answer waits for an operator's approval of exactly that attempt;
 //! - the index keeps a few facts per outcome, never the rows, so files of any size stream through.
 
+use crate::facts::RowFacts;
 use crate::failure::{ClassificationPolicy, FailureClass, FailureStage};
 use crate::manifest::RunManifest;
 use crate::predicates as p;
@@ -59,7 +60,7 @@ pub struct RowDecision {
 
 /// What resume does with a row, read on its own (the budget decides between retry and
 /// exhaustion in the plan).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RowVerdict {
     /// A scored result: kept, never rerun.
@@ -86,27 +87,35 @@ pub fn classify_row(
     policy: &ClassificationPolicy,
     retry_terminal_timeouts: bool,
 ) -> RowDecision {
-    let is_failure_row = p::is_failure_row(row);
-    let calls = p::captured_model_calls(row);
+    classify_facts(&RowFacts::from_value(row), policy, retry_terminal_timeouts)
+}
+
+/// Classifies the facts of one saved row.
+pub fn classify_facts(
+    row: &RowFacts,
+    policy: &ClassificationPolicy,
+    retry_terminal_timeouts: bool,
+) -> RowDecision {
+    let is_failure_row = row.is_failure_row();
+    let calls = row.captured_model_calls();
     let server_fault_calls = calls
         .iter()
         .filter(|c| p::is_server_fault_call(c, policy))
         .count();
-    let masked_infrastructure_kind = p::masked_infrastructure_kind(row, policy);
-    let masked_kept_answer_kind = p::masked_kept_answer_kind(row, policy);
-    let terminal = p::is_terminal_failure(row, false);
-    let terminal_with_timeout_opt_in = p::is_terminal_failure(row, true);
-    let answered = p::is_answered_agent_deadline(row, policy);
-    let omitted = is_omission(row);
-    let verdict = if omitted {
+    let masked_infrastructure_kind = row.masked_infrastructure_kind(policy).map(str::to_owned);
+    let masked_kept_answer_kind = row.masked_kept_answer_kind(policy).map(str::to_owned);
+    let terminal = row.is_terminal_failure(false);
+    let terminal_with_timeout_opt_in = row.is_terminal_failure(true);
+    let (infrastructure_timeout, answered) = row.timeout_verdicts(&calls, policy);
+    let verdict = if row.is_omission() {
         RowVerdict::Omitted
     } else if is_failure_row {
-        if truthy(row.get("_ng_failure_counts_as_zero")) || answered {
+        if row.failure_counts_as_zero.truthy() || answered {
             RowVerdict::ModelFinal
-        } else if is_judge_failure(row) && p::has_saved_generation(row) {
+        } else if row.is_judge_failure() && row.has_saved_generation() {
             RowVerdict::Rejudge
-        } else if p::is_terminal_failure(row, retry_terminal_timeouts)
-            || (p::has_unclassified_execution_failure(row) && p::holds_response(row))
+        } else if row.is_terminal_failure(retry_terminal_timeouts)
+            || (row.has_unclassified_execution_failure() && row.holds_response())
         {
             RowVerdict::Terminal
         } else {
@@ -116,53 +125,43 @@ pub fn classify_row(
         RowVerdict::Retry
     } else if masked_kept_answer_kind.is_some() {
         RowVerdict::NeedsApproval
-    } else if truthy(row.get("mask_sample")) {
+    } else if row.mask_sample.truthy() {
         RowVerdict::KeepMasked
-    } else if is_judge_failure(row) && p::has_saved_generation(row) {
+    } else if row.is_judge_failure() && row.has_saved_generation() {
         RowVerdict::Rejudge
     } else {
         RowVerdict::Keep
     };
     RowDecision {
         is_failure_row,
-        failure_kind: p::row_failure_kind(row),
-        failure_stage: p::failure_stage(row),
-        responsibility: p::responsibility(row, policy),
-        applied_class: p::applied_failure_class(row),
+        failure_kind: row.row_failure_kind().map(str::to_owned),
+        failure_stage: row.failure_stage(),
+        responsibility: row.responsibility(policy),
+        applied_class: row.applied_failure_class(),
         terminal,
         terminal_with_timeout_opt_in,
-        delivery: is_failure_row.then(|| p::delivery(row)),
-        has_saved_generation: p::has_saved_generation(row),
-        holds_response: p::holds_response(row),
-        keeps_partial_response: p::keeps_partial_response(row),
-        keeps_saved_answer: p::keeps_saved_answer(row),
-        has_recorded_grade: p::has_recorded_grade(row),
-        has_unclassified_execution_failure: p::has_unclassified_execution_failure(row),
-        is_infrastructure_agent_timeout: p::is_infrastructure_agent_timeout(row, policy),
+        delivery: is_failure_row.then(|| row.delivery()),
+        has_saved_generation: row.has_saved_generation(),
+        holds_response: row.holds_response(),
+        keeps_partial_response: row.keeps_partial_response(),
+        keeps_saved_answer: row.keeps_saved_answer(),
+        has_recorded_grade: row.has_recorded_grade(),
+        has_unclassified_execution_failure: row.has_unclassified_execution_failure(),
+        is_infrastructure_agent_timeout: infrastructure_timeout,
         is_answered_agent_deadline: answered,
-        sandbox_or_tool_fault: p::sandbox_or_tool_fault(row, policy),
-        material_model_call_faults: p::material_model_call_faults(row, policy),
+        sandbox_or_tool_fault: row.sandbox_or_tool_fault(policy),
+        material_model_call_faults: row.material_faults_with(&calls, policy),
         server_fault_calls,
         captured_calls: calls.len(),
         masked_infrastructure_kind,
         masked_kept_answer_kind,
-        observed_elapsed: p::observed_elapsed(row),
+        observed_elapsed: row.observed_elapsed(),
         verdict,
     }
 }
 
 fn truthy(value: Option<&Value>) -> bool {
     value.is_some_and(crate::identity::truthy)
-}
-
-fn is_omission(row: &Value) -> bool {
-    truthy(row.get("_ng_omitted"))
-        || (row.get("_ng_failure_class").and_then(Value::as_str) == Some("skipped")
-            && truthy(row.get("_ng_failure_terminal")))
-}
-
-fn is_judge_failure(row: &Value) -> bool {
-    p::matches_failure_class(row, &["judge_failed", "judge_unparseable", "judge_invalid"])
 }
 
 /// Why saved outcomes cannot be indexed.

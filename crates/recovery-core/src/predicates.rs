@@ -1,12 +1,17 @@
 //! The row predicates of `nemo_gym.rollouts.rollout_recovery` (facts §15, decisions §7), as pure
 //! functions over saved result and failure rows.
 //!
-//! Invariants: any JSON value is accepted as a row (a non-object simply has none of the fields);
-//! nothing panics; a saved answer is never treated as re-runnable; timeouts, cancellations and
-//! truncated streams never establish time spent on infrastructure. Field names the reference does
-//! not publish are those of decisions §7.
+//! Each predicate is a method of [`RowFacts`] (what a row says, extracted once); the functions
+//! over a `serde_json::Value` row are the seed's signatures. Invariants: any JSON value is
+//! accepted as a row; nothing panics; a saved answer is never treated as re-runnable; timeouts,
+//! cancellations and truncated streams never establish time spent on infrastructure. Field names
+//! the reference does not publish are those of decisions §7.
 
-use crate::failure::{ClassificationPolicy, FailureClass, FailureStage, HttpEvidence, shared_name};
+use crate::facts::{CallFacts, Json, Nested, ResponseFacts, RowFacts};
+use crate::failure::{
+    ClassificationPolicy, FailureClass, FailureStage, HttpEvidence, KindStatus, kind_status,
+    shared_name,
+};
 use serde_json::Value;
 
 /// `AGENT_TIMEOUT_FAULT_SHARE`: server-faulted calls owning this share of the window make an
@@ -14,46 +19,17 @@ use serde_json::Value;
 pub const AGENT_TIMEOUT_FAULT_SHARE: f64 = 0.25;
 /// `COLLECTED_MODEL_CALLS_KEY`: a collector projection's captured calls.
 pub const COLLECTED_MODEL_CALLS_KEY: &str = "_ng_collected_model_calls";
-/// Applied responsibility class on a result.
-pub const APPLIED_CLASS_KEY: &str = "_ng_failure_class_applied";
-/// A collector projection's own kept-answer flag.
-pub const KEEPS_SAVED_ANSWER_KEY: &str = "_ng_keeps_saved_answer";
-/// The verifier's durable record of a completed grading.
-pub const RECORDED_GRADE_KEY: &str = "_ng_recorded_grade";
-/// Failure events of a row and the selected one.
-pub const FAILURE_EVENTS_KEY: &str = "ng_failure_events";
-pub const SELECTED_FAILURE_KEY: &str = "_ng_selected_failure_id";
 /// Kinds whose masked result is graded again from the saved answer (`_MASKED_REGRADE_KINDS`).
 pub const MASKED_REGRADE_KINDS: &[&str] =
     &["judge_failed", "judge_unparseable", "agent_route_failed"];
-
-fn get<'v>(row: &'v Value, key: &str) -> Option<&'v Value> {
-    row.as_object()?.get(key).filter(|v| !v.is_null())
-}
-
-fn get_str<'v>(row: &'v Value, key: &str) -> Option<&'v str> {
-    get(row, key)?.as_str()
-}
-
-fn truthy(value: Option<&Value>) -> bool {
-    value.is_some_and(crate::identity::truthy)
-}
-
-/// A JSON number as `f64` (booleans are not numbers here).
-fn number(value: Option<&Value>) -> Option<f64> {
-    match value? {
-        Value::Number(n) => n.to_string().parse().ok(),
-        _ => None,
-    }
-}
-
-/// A JSON integer (never a bool or float).
-fn integer(value: Option<&Value>) -> Option<i64> {
-    match value? {
-        Value::Number(n) => n.as_i64(),
-        _ => None,
-    }
-}
+/// Legacy labels that stay retryable under `retry_terminal_timeouts`.
+pub const RETRYABLE_UNDER_TIMEOUT_OPT_IN: &[&str] = &[
+    "timeout_exceeded",
+    "agent_timeout",
+    "reference_missing",
+    "eval_missing",
+    "transport_ineligible",
+];
 
 /// One captured model call, reduced to the facts a server fault is read from.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -74,64 +50,480 @@ pub struct CallFailureEvent {
     pub http_status: Option<i64>,
 }
 
-/// `captured_model_calls(row)`: the collector's projection when the row is one, else
-/// `ng_model_call_capture.calls`, else `ng_trajectory.model_calls`, in capture order.
-pub fn captured_model_calls(row: &Value) -> Vec<CapturedCall> {
-    if let Some(Value::Array(calls)) = get(row, COLLECTED_MODEL_CALLS_KEY) {
-        return calls
-            .iter()
-            .map(|c| reduce_call(c, c, &["duration_ms"]))
-            .collect();
-    }
-    if let Some(Value::Array(calls)) =
-        get(row, "ng_model_call_capture").and_then(|c| get(c, "calls"))
-    {
-        return calls
-            .iter()
-            .map(|c| reduce_call(c, c, &["duration_ms", "latency_total_ms"]))
-            .collect();
-    }
-    if let Some(Value::Array(calls)) = get(row, "ng_trajectory").and_then(|t| get(t, "model_calls"))
-    {
-        return calls
-            .iter()
-            .map(|c| {
-                let metadata = get(c, "response_metadata").unwrap_or(&Value::Null);
-                reduce_call(c, metadata, &["duration_ms"])
-            })
-            .collect();
-    }
-    Vec::new()
+/// How far a failed request got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    NotSent,
+    PossiblyDelivered,
+    Delivered,
 }
 
-fn reduce_call(call: &Value, status_source: &Value, duration_keys: &[&str]) -> CapturedCall {
-    let events = match get(call, "failure_events") {
-        Some(Value::Array(events)) => events
-            .iter()
-            .map(|e| CallFailureEvent {
-                failure_kind: get_str(e, "failure_kind").map(str::to_owned),
-                http_status: integer(get(e, "http_status")),
-            })
-            .collect(),
-        _ => Vec::new(),
+/// Which source the captured calls come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallSource {
+    Projection,
+    Capture,
+    Trajectory,
+}
+
+fn reduce_call(call: &CallFacts, source: CallSource) -> CapturedCall {
+    let (status, upstream, category) = match source {
+        CallSource::Trajectory => match &call.metadata {
+            Some((s, u, c)) => (s, u, c),
+            None => (&Json::Absent, &Json::Absent, &Json::Absent),
+        },
+        _ => (
+            &call.status_code,
+            &call.upstream_status_code,
+            &call.error_category,
+        ),
+    };
+    let duration = match source {
+        CallSource::Capture => call
+            .duration_ms
+            .as_number()
+            .or_else(|| call.latency_total_ms.as_number()),
+        _ => call.duration_ms.as_number(),
     };
     CapturedCall {
-        status_code: integer(get(status_source, "status_code")),
-        upstream_status_code: integer(get(status_source, "upstream_status_code")),
-        error_category: get_str(status_source, "error_category").map(str::to_owned),
-        failure_events: events,
-        started_at: number(get(call, "started_at")),
-        duration_ms: duration_keys.iter().find_map(|k| number(get(call, k))),
+        status_code: status.as_int(),
+        upstream_status_code: upstream.as_int(),
+        error_category: category.as_str().map(str::to_owned),
+        failure_events: call
+            .failure_events
+            .iter()
+            .map(|e| CallFailureEvent {
+                failure_kind: e.failure_kind.as_str().map(str::to_owned),
+                http_status: e.http_status.as_int(),
+            })
+            .collect(),
+        started_at: call.started_at.as_number(),
+        duration_ms: duration,
+    }
+}
+
+/// Python's `float(str)` for the forms that matter (surrounding whitespace, `inf`, `nan`, `_`).
+fn python_float(text: &str) -> Option<f64> {
+    let trimmed = text.trim();
+    if trimmed.is_empty()
+        || trimmed.starts_with('_')
+        || trimmed.ends_with('_')
+        || trimmed.contains("__")
+    {
+        return None;
+    }
+    let cleaned: String = trimmed.chars().filter(|&c| c != '_').collect();
+    let lower = cleaned.to_ascii_lowercase();
+    match lower.trim_start_matches(['+', '-']) {
+        "inf" | "infinity" | "nan" => lower.parse().ok(),
+        _ if cleaned
+            .chars()
+            .all(|c| c.is_ascii_digit() || ".eE+-".contains(c)) =>
+        {
+            cleaned.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+/// A candidate elapsed value converted like Python's `float()`.
+fn elapsed_candidate(value: &Json) -> Option<f64> {
+    let seconds = match value {
+        Json::Int(_) | Json::Float(_) => value.as_number(),
+        Json::Bool(b) => Some(if *b { 1.0 } else { 0.0 }),
+        Json::Str(s) => python_float(s),
+        _ => None,
+    }?;
+    (seconds > 0.0 && !seconds.is_nan()).then_some(seconds)
+}
+
+fn marked_no_generation(response: &ResponseFacts) -> bool {
+    response.no_generation == Json::Bool(true)
+}
+
+/// A response object that counts as generation: at least one output item or a status.
+fn is_generation(response: &ResponseFacts) -> bool {
+    !marked_no_generation(response)
+        && (matches!(response.output, Json::List { empty: false })
+            || matches!(&response.status, Json::Str(s) if !s.is_empty()))
+}
+
+impl RowFacts {
+    /// `captured_model_calls`: the collector's projection when the row is one, else
+    /// `ng_model_call_capture.calls`, else `ng_trajectory.model_calls`, in capture order.
+    pub fn captured_model_calls(&self) -> Vec<CapturedCall> {
+        let (calls, source) = if let Some(calls) = self.collected_calls.list() {
+            (calls, CallSource::Projection)
+        } else if let Some(calls) = self.capture_calls.as_ref().and_then(|c| c.list()) {
+            (calls, CallSource::Capture)
+        } else if let Some(calls) = self.trajectory_calls.as_ref().and_then(|c| c.list()) {
+            (calls, CallSource::Trajectory)
+        } else {
+            return Vec::new();
+        };
+        calls.iter().map(|c| reduce_call(c, source)).collect()
+    }
+
+    /// `observed_elapsed`: the first of `elapsed_seconds` and `response.metadata.elapsed_seconds`
+    /// that converts to a float > 0.
+    pub fn observed_elapsed(&self) -> Option<f64> {
+        elapsed_candidate(&self.elapsed_seconds).or_else(|| {
+            self.response
+                .object()
+                .and_then(|r| elapsed_candidate(&r.elapsed_seconds))
+        })
+    }
+
+    /// `_material_model_call_faults` over already captured calls.
+    fn material_faults(&self, calls: &[CapturedCall], policy: &ClassificationPolicy) -> bool {
+        let faulted: Vec<bool> = calls
+            .iter()
+            .map(|c| is_server_fault_call(c, policy))
+            .collect();
+        if faulted.last() == Some(&true) {
+            return true;
+        }
+        let fault_seconds: f64 = calls
+            .iter()
+            .zip(&faulted)
+            .filter(|(_, f)| **f)
+            .filter_map(|(c, _)| c.duration_ms)
+            .sum::<f64>()
+            / 1000.0;
+        if fault_seconds <= 0.0 {
+            return false;
+        }
+        self.call_window(calls).is_some_and(|window| {
+            window > 0.0 && fault_seconds >= AGENT_TIMEOUT_FAULT_SHARE * window
+        })
+    }
+
+    /// The attempt's window: its recorded elapsed time, else the span of its captured calls.
+    fn call_window(&self, calls: &[CapturedCall]) -> Option<f64> {
+        if let Some(elapsed) = self.observed_elapsed() {
+            return Some(elapsed);
+        }
+        let start = calls
+            .iter()
+            .filter_map(|c| c.started_at)
+            .fold(f64::INFINITY, f64::min);
+        let end = calls
+            .iter()
+            .filter_map(|c| Some(c.started_at? + c.duration_ms.unwrap_or(0.0) / 1000.0))
+            .fold(f64::NEG_INFINITY, f64::max);
+        (start.is_finite() && end.is_finite() && end > start).then_some(end - start)
+    }
+
+    /// `_material_model_call_faults`: server-faulted calls own the window.
+    pub fn material_model_call_faults(&self, policy: &ClassificationPolicy) -> bool {
+        self.material_faults(&self.captured_model_calls(), policy)
+    }
+
+    /// The event the row selects as its final failure, when it selects one (`Some(None)`:
+    /// selected but missing).
+    fn selected_event(&self) -> Option<Option<&crate::facts::EventFacts>> {
+        let selected = self.selected_failure_id.as_str()?;
+        Some(
+            self.failure_events
+                .list()
+                .unwrap_or_default()
+                .iter()
+                .find(|e| e.failure_id.as_str() == Some(selected)),
+        )
+    }
+
+    /// The row's own kind: a result's `failure_kind`, a canonical record's kind (which may be
+    /// absent), else the routing alias `_ng_failure_class`.
+    pub fn row_own_kind(&self) -> Option<&str> {
+        if let Some(kind) = self.failure_kind.as_str() {
+            return Some(kind);
+        }
+        if let Some(failure) = self
+            .failure_record
+            .object()
+            .and_then(|r| r.failure.as_ref())
+        {
+            return failure.failure_kind.as_str();
+        }
+        self.failure_class.as_str()
+    }
+
+    /// `_row_failure_kind`: the selected failure event's kind when the row selects one (`None`
+    /// when that event is missing), else the row's own.
+    pub fn row_failure_kind(&self) -> Option<&str> {
+        match self.selected_event() {
+            Some(event) => event.and_then(|e| e.failure_kind.as_str()),
+            None => self.row_own_kind(),
+        }
+    }
+
+    /// `failure_stage`: the stage of the selected final context; recovered observations never
+    /// supply it.
+    pub fn failure_stage(&self) -> Option<FailureStage> {
+        let stage = match self.selected_event() {
+            Some(event) => event.and_then(|e| e.stage.as_str()),
+            None => self
+                .failure_record
+                .object()
+                .and_then(|r| r.failure.as_ref())
+                .and_then(|f| f.stage.as_str()),
+        };
+        stage.and_then(FailureStage::parse)
+    }
+
+    /// `_sandbox_or_tool_fault`: an eligible sandbox/session or tool-server event classified
+    /// evaluation-side; cleanup and verification lie outside the agent's execution window.
+    pub fn sandbox_or_tool_fault(&self, policy: &ClassificationPolicy) -> bool {
+        self.failure_events
+            .list()
+            .unwrap_or_default()
+            .iter()
+            .any(|event| {
+                let stage = event.stage.as_str().and_then(FailureStage::parse);
+                let Some(kind) = event.failure_kind.as_str() else {
+                    return false;
+                };
+                !matches!(
+                    stage,
+                    Some(FailureStage::Cleanup | FailureStage::Verification)
+                ) && policy.sandbox_or_tool_kinds.iter().any(|k| k == kind)
+                    && policy.classify(kind, stage) == FailureClass::Evaluation
+            })
+    }
+
+    fn names_agent_timeout(&self) -> bool {
+        self.row_failure_kind()
+            .is_some_and(|k| shared_name(k) == "agent_timeout")
+    }
+
+    fn infrastructure_timeout_with(
+        &self,
+        calls: &[CapturedCall],
+        policy: &ClassificationPolicy,
+    ) -> bool {
+        self.names_agent_timeout()
+            && (self.sandbox_or_tool_fault(policy)
+                || (calls.iter().any(|c| is_server_fault_call(c, policy))
+                    && self.material_faults(calls, policy)))
+    }
+
+    /// `is_infrastructure_agent_timeout`: an `agent_timeout` whose window held a recorded
+    /// server-side fault.
+    pub fn is_infrastructure_agent_timeout(&self, policy: &ClassificationPolicy) -> bool {
+        self.infrastructure_timeout_with(&self.captured_model_calls(), policy)
+    }
+
+    fn answered_deadline_with(
+        &self,
+        calls: &[CapturedCall],
+        policy: &ClassificationPolicy,
+    ) -> bool {
+        self.names_agent_timeout()
+            && (self.has_saved_generation() || self.keeps_partial_response())
+            && !self.infrastructure_timeout_with(calls, policy)
+    }
+
+    /// `is_answered_agent_deadline`: the agent ran out of its own deadline and kept its answer.
+    pub fn is_answered_agent_deadline(&self, policy: &ClassificationPolicy) -> bool {
+        self.answered_deadline_with(&self.captured_model_calls(), policy)
+    }
+
+    /// `has_saved_generation`: retained response data, including a completed response with
+    /// empty output.
+    pub fn has_saved_generation(&self) -> bool {
+        self.response.object().is_some_and(is_generation)
+    }
+
+    /// `holds_response`: a full or partial response object, usable or not.
+    pub fn holds_response(&self) -> bool {
+        self.response.object().is_some() || self.partial_response.object().is_some()
+    }
+
+    /// `keeps_partial_response`: a native cleanup's partial response, even without output.
+    pub fn keeps_partial_response(&self) -> bool {
+        self.partial_response
+            .object()
+            .is_some_and(|p| !marked_no_generation(p) && p.status.as_str() != Some("failed"))
+    }
+
+    /// `_keeps_saved_answer`: a projection's own flag, else a generation or partial response.
+    pub fn keeps_saved_answer(&self) -> bool {
+        match self.keeps_saved_answer {
+            Json::Bool(flag) => flag,
+            _ => self.has_saved_generation() || self.keeps_partial_response(),
+        }
+    }
+
+    /// `has_recorded_grade`: the verifier finished grading this failed attempt.
+    pub fn has_recorded_grade(&self) -> bool {
+        self.recorded_grade.is_object()
+    }
+
+    /// A failure row's delivery (`_ng_failure_record.delivery`; no record: possibly delivered).
+    pub fn delivery(&self) -> Delivery {
+        match self
+            .failure_record
+            .object()
+            .and_then(|r| r.delivery.as_str())
+        {
+            Some("not_sent") => Delivery::NotSent,
+            Some("delivered") => Delivery::Delivered,
+            _ => Delivery::PossiblyDelivered,
+        }
+    }
+
+    /// A failure outcome (routed to the failures sidecar).
+    pub fn is_failure_row(&self) -> bool {
+        self.failure_class.is_present()
+    }
+
+    /// `has_unclassified_execution_failure`: a selected route failure names no owned cause that
+    /// permits running the agent again.
+    pub fn has_unclassified_execution_failure(&self) -> bool {
+        if !self.is_failure_row() || self.row_failure_kind().is_some() {
+            return false;
+        }
+        match self.delivery() {
+            Delivery::NotSent => false,
+            Delivery::PossiblyDelivered => self.holds_response(),
+            Delivery::Delivered => true,
+        }
+    }
+
+    /// `is_terminal_failure(record, retry_terminal_timeouts)`.
+    pub fn is_terminal_failure(&self, retry_terminal_timeouts: bool) -> bool {
+        let stamped = self.failure_terminal.truthy();
+        if !retry_terminal_timeouts {
+            return stamped;
+        }
+        match self.failure_class.as_str() {
+            Some(class) if RETRYABLE_UNDER_TIMEOUT_OPT_IN.contains(&class) => false,
+            Some("skipped") => true,
+            _ => stamped,
+        }
+    }
+
+    /// `applied_failure_class`: a class already applied to the result.
+    pub fn applied_failure_class(&self) -> Option<FailureClass> {
+        self.failure_class_applied
+            .as_str()
+            .and_then(FailureClass::parse)
+    }
+
+    /// `matches_failure_class(record, classes)`.
+    pub fn matches_failure_class(&self, classes: &[&str]) -> bool {
+        let record_kind = self
+            .failure_record
+            .object()
+            .and_then(|r| r.failure.as_ref())
+            .and_then(|f| f.failure_kind.as_str());
+        [
+            self.failure_kind.as_str(),
+            record_kind,
+            self.failure_class.as_str(),
+        ]
+        .into_iter()
+        .flatten()
+        .any(|name| classes.contains(&name) || classes.contains(&shared_name(name)))
+    }
+
+    /// The responsibility of a row's failure: an applied class first, else the policy's class of
+    /// its selected kind at its stage.
+    pub fn responsibility(&self, policy: &ClassificationPolicy) -> FailureClass {
+        if let Some(applied) = self.applied_failure_class() {
+            return applied;
+        }
+        self.row_failure_kind()
+            .map_or(FailureClass::Unknown, |kind| {
+                policy.classify(kind, self.failure_stage())
+            })
+    }
+
+    /// `_masked_evaluation_side_kind`.
+    pub fn masked_evaluation_side_kind(&self, policy: &ClassificationPolicy) -> Option<&str> {
+        if !self.mask_sample.truthy()
+            || self.is_failure_row()
+            || self.omitted.truthy()
+            || self.omitted_rollout.truthy()
+            || self.rejudge.is_present()
+        {
+            return None;
+        }
+        let kind = self.failure_kind.as_str()?;
+        if kind_status(kind) != KindStatus::Registered
+            || MASKED_REGRADE_KINDS.contains(&kind)
+            || kind.starts_with("transport_")
+        {
+            return None;
+        }
+        let class = self
+            .applied_failure_class()
+            .unwrap_or_else(|| policy.classify(kind, self.failure_stage()));
+        (class == FailureClass::Evaluation).then_some(kind)
+    }
+
+    /// `masked_infrastructure_kind`: masked by infrastructure, no saved answer: retried.
+    pub fn masked_infrastructure_kind(&self, policy: &ClassificationPolicy) -> Option<&str> {
+        self.masked_evaluation_side_kind(policy)
+            .filter(|_| !self.keeps_saved_answer())
+    }
+
+    /// `masked_kept_answer_kind`: masked, kept answer, no grade: rerun only when approved.
+    pub fn masked_kept_answer_kind(&self, policy: &ClassificationPolicy) -> Option<&str> {
+        self.masked_evaluation_side_kind(policy)
+            .filter(|_| self.keeps_saved_answer() && !self.has_recorded_grade())
+    }
+
+    /// Whether the reward is a JSON number (never a bool).
+    pub fn has_numeric_reward(&self) -> bool {
+        self.reward.is_number()
+    }
+
+    /// An intentional omission (`_ng_omitted`, or a terminal `skipped`).
+    pub fn is_omission(&self) -> bool {
+        self.omitted.truthy()
+            || (self.failure_class.as_str() == Some("skipped") && self.failure_terminal.truthy())
+    }
+
+    /// A judge failure of any spelling.
+    pub fn is_judge_failure(&self) -> bool {
+        self.matches_failure_class(&["judge_failed", "judge_unparseable", "judge_invalid"])
+    }
+
+    /// Answered-deadline and infrastructure-timeout verdicts sharing one capture of the calls.
+    pub(crate) fn timeout_verdicts(
+        &self,
+        calls: &[CapturedCall],
+        policy: &ClassificationPolicy,
+    ) -> (bool, bool) {
+        (
+            self.infrastructure_timeout_with(calls, policy),
+            self.answered_deadline_with(calls, policy),
+        )
+    }
+
+    pub(crate) fn material_faults_with(
+        &self,
+        calls: &[CapturedCall],
+        policy: &ClassificationPolicy,
+    ) -> bool {
+        self.material_faults(calls, policy)
+    }
+
+    /// Whether the `response` field holds something other than a mapping (for diagnostics).
+    pub fn response_is_mapping(&self) -> bool {
+        matches!(self.response, Nested::Object(_))
     }
 }
 
 /// `is_server_fault_call(call)`: eligible recorded failures of one call classify
 /// evaluation-side. Timeout, cancellation and truncated-stream evidence is not eligible.
 pub fn is_server_fault_call(call: &CapturedCall, policy: &ClassificationPolicy) -> bool {
-    if let Some(category) = &call.error_category {
-        if policy.server_fault_categories.contains(category) {
-            return true;
-        }
+    if let Some(category) = &call.error_category
+        && policy.server_fault_categories.contains(category)
+    {
+        return true;
     }
     let http_fault = |status: Option<i64>| {
         status.and_then(|s| policy.http_evidence(s)) == Some(HttpEvidence::Evaluation)
@@ -153,379 +545,132 @@ pub fn is_server_fault_call(call: &CapturedCall, policy: &ClassificationPolicy) 
     })
 }
 
-/// `observed_elapsed(record)`: the first of `elapsed_seconds` and `response.metadata.elapsed_seconds`
-/// that converts to a float > 0 (numbers or numeric strings, like Python's `float()`).
+/// `captured_model_calls(row)`.
+pub fn captured_model_calls(row: &Value) -> Vec<CapturedCall> {
+    RowFacts::from_value(row).captured_model_calls()
+}
+
+/// `observed_elapsed(record)`.
 pub fn observed_elapsed(row: &Value) -> Option<f64> {
-    let candidates = [
-        get(row, "elapsed_seconds"),
-        get(row, "response")
-            .and_then(|r| get(r, "metadata"))
-            .and_then(|m| get(m, "elapsed_seconds")),
-    ];
-    candidates.into_iter().flatten().find_map(|candidate| {
-        let value = match candidate {
-            Value::Number(n) => n.to_string().parse::<f64>().ok(),
-            Value::Bool(b) => Some(if *b { 1.0 } else { 0.0 }),
-            Value::String(s) => python_float(s),
-            _ => None,
-        }?;
-        (value > 0.0 && !value.is_nan()).then_some(value)
-    })
+    RowFacts::from_value(row).observed_elapsed()
 }
 
-/// Python's `float(str)` for the forms that matter (surrounding whitespace, `inf`, `nan`, `_`).
-fn python_float(text: &str) -> Option<f64> {
-    let trimmed = text.trim();
-    if trimmed.is_empty()
-        || trimmed.starts_with('_')
-        || trimmed.ends_with('_')
-        || trimmed.contains("__")
-    {
-        return None;
-    }
-    let cleaned: String = trimmed.chars().filter(|&c| c != '_').collect();
-    match cleaned.to_ascii_lowercase().trim_start_matches(['+', '-']) {
-        "inf" | "infinity" | "nan" => cleaned.to_ascii_lowercase().parse().ok(),
-        _ => cleaned.parse().ok().filter(|_| {
-            cleaned
-                .chars()
-                .all(|c| c.is_ascii_digit() || ".eE+-".contains(c))
-        }),
-    }
-}
-
-/// The window of an attempt: its recorded elapsed time, else the span of its captured calls.
-fn call_window(row: &Value, calls: &[CapturedCall]) -> Option<f64> {
-    if let Some(elapsed) = observed_elapsed(row) {
-        return Some(elapsed);
-    }
-    let start = calls
-        .iter()
-        .filter_map(|c| c.started_at)
-        .fold(f64::INFINITY, f64::min);
-    let end = calls
-        .iter()
-        .filter_map(|c| Some(c.started_at? + c.duration_ms.unwrap_or(0.0) / 1000.0))
-        .fold(f64::NEG_INFINITY, f64::max);
-    (start.is_finite() && end.is_finite() && end > start).then_some(end - start)
-}
-
-/// `_material_model_call_faults(row)`: server-faulted calls own the window: the agent's last call
-/// faulted, or faulted calls took at least [`AGENT_TIMEOUT_FAULT_SHARE`] of it.
+/// `_material_model_call_faults(row)`.
 pub fn material_model_call_faults(row: &Value, policy: &ClassificationPolicy) -> bool {
-    let calls = captured_model_calls(row);
-    let faulted: Vec<bool> = calls
-        .iter()
-        .map(|c| is_server_fault_call(c, policy))
-        .collect();
-    if faulted.last() == Some(&true) {
-        return true;
-    }
-    let fault_seconds: f64 = calls
-        .iter()
-        .zip(&faulted)
-        .filter(|(_, f)| **f)
-        .filter_map(|(c, _)| c.duration_ms)
-        .sum::<f64>()
-        / 1000.0;
-    if fault_seconds <= 0.0 {
-        return false;
-    }
-    call_window(row, &calls)
-        .is_some_and(|window| window > 0.0 && fault_seconds >= AGENT_TIMEOUT_FAULT_SHARE * window)
+    RowFacts::from_value(row).material_model_call_faults(policy)
 }
 
-/// One recorded failure event of a row (`ng_failure_events`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FailureEvent {
-    pub failure_id: Option<String>,
-    pub failure_kind: Option<String>,
-    pub stage: Option<FailureStage>,
-    pub http_status: Option<i64>,
-}
-
-fn failure_events(row: &Value) -> Vec<FailureEvent> {
-    match get(row, FAILURE_EVENTS_KEY) {
-        Some(Value::Array(events)) => events
-            .iter()
-            .map(|e| FailureEvent {
-                failure_id: get_str(e, "failure_id").map(str::to_owned),
-                failure_kind: get_str(e, "failure_kind").map(str::to_owned),
-                stage: get_str(e, "stage").and_then(FailureStage::parse),
-                http_status: integer(get(e, "http_status")),
-            })
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// The event the row selects as its final failure, when it selects one (`Some(None)`: selected
-/// but missing).
-fn selected_event(row: &Value) -> Option<Option<FailureEvent>> {
-    let selected = get_str(row, SELECTED_FAILURE_KEY)?;
-    Some(
-        failure_events(row)
-            .into_iter()
-            .find(|e| e.failure_id.as_deref() == Some(selected)),
-    )
-}
-
-/// The canonical failure record's `failure` mapping, when the row has one.
-fn record_failure(row: &Value) -> Option<&Value> {
-    get(row, "_ng_failure_record").and_then(|r| get(r, "failure"))
-}
-
-/// The row's own kind: a result's `failure_kind`, a canonical record's kind (which may be
-/// absent), else the routing alias `_ng_failure_class`.
-pub fn row_own_kind(row: &Value) -> Option<String> {
-    if let Some(kind) = get_str(row, "failure_kind") {
-        return Some(kind.to_owned());
-    }
-    if let Some(failure) = record_failure(row) {
-        return get_str(failure, "failure_kind").map(str::to_owned);
-    }
-    get_str(row, "_ng_failure_class").map(str::to_owned)
-}
-
-/// `_row_failure_kind(row)`: the selected failure event's kind when the row selects one (`None`
-/// when that event is missing), else the row's own.
+/// `_row_failure_kind(row)`.
 pub fn row_failure_kind(row: &Value) -> Option<String> {
-    match selected_event(row) {
-        Some(event) => event.and_then(|e| e.failure_kind),
-        None => row_own_kind(row),
-    }
+    RowFacts::from_value(row)
+        .row_failure_kind()
+        .map(str::to_owned)
 }
 
-/// `failure_stage(row)`: the stage of the selected final context; recovered observations never
-/// supply it.
+/// The row's own kind (see [`RowFacts::row_own_kind`]).
+pub fn row_own_kind(row: &Value) -> Option<String> {
+    RowFacts::from_value(row).row_own_kind().map(str::to_owned)
+}
+
+/// `failure_stage(row)`.
 pub fn failure_stage(row: &Value) -> Option<FailureStage> {
-    match selected_event(row) {
-        Some(event) => event.and_then(|e| e.stage),
-        None => record_failure(row)
-            .and_then(|f| get_str(f, "stage"))
-            .and_then(FailureStage::parse),
-    }
+    RowFacts::from_value(row).failure_stage()
 }
 
-/// `_sandbox_or_tool_fault(row)`: an eligible sandbox/session or tool-server event classified
-/// evaluation-side. Cleanup and verification lie outside the agent's execution window.
+/// `_sandbox_or_tool_fault(row)`.
 pub fn sandbox_or_tool_fault(row: &Value, policy: &ClassificationPolicy) -> bool {
-    failure_events(row).iter().any(|event| {
-        let eligible_stage = !matches!(
-            event.stage,
-            Some(FailureStage::Cleanup | FailureStage::Verification)
-        );
-        let Some(kind) = &event.failure_kind else {
-            return false;
-        };
-        eligible_stage
-            && policy.sandbox_or_tool_kinds.contains(kind)
-            && policy.classify(kind, event.stage) == FailureClass::Evaluation
-    })
+    RowFacts::from_value(row).sandbox_or_tool_fault(policy)
 }
 
-fn names_agent_timeout(row: &Value) -> bool {
-    row_failure_kind(row).is_some_and(|k| shared_name(&k) == "agent_timeout")
-}
-
-/// `is_infrastructure_agent_timeout(row)`: an `agent_timeout` whose window held a recorded
-/// server-side fault: the evaluation's failure.
+/// `is_infrastructure_agent_timeout(row)`.
 pub fn is_infrastructure_agent_timeout(row: &Value, policy: &ClassificationPolicy) -> bool {
-    names_agent_timeout(row)
-        && (sandbox_or_tool_fault(row, policy)
-            || (captured_model_calls(row)
-                .iter()
-                .any(|c| is_server_fault_call(c, policy))
-                && material_model_call_faults(row, policy)))
+    RowFacts::from_value(row).is_infrastructure_agent_timeout(policy)
 }
 
-/// `is_answered_agent_deadline(row)`: the agent ran out of its own deadline and kept its answer:
-/// the evaluated model's final result, never run again.
+/// `is_answered_agent_deadline(row)`.
 pub fn is_answered_agent_deadline(row: &Value, policy: &ClassificationPolicy) -> bool {
-    names_agent_timeout(row)
-        && (has_saved_generation(row) || keeps_partial_response(row))
-        && !is_infrastructure_agent_timeout(row, policy)
+    RowFacts::from_value(row).is_answered_agent_deadline(policy)
 }
 
-fn marked_no_generation(response: &Value) -> bool {
-    get(response, "metadata").and_then(|m| get(m, "ng_no_generation")) == Some(&Value::Bool(true))
-}
-
-/// Whether a response object counts as generation: at least one output item or a status.
-fn is_generation(response: &Value) -> bool {
-    let Value::Object(_) = response else {
-        return false;
-    };
-    if marked_no_generation(response) {
-        return false;
-    }
-    let has_output =
-        matches!(get(response, "output"), Some(Value::Array(items)) if !items.is_empty());
-    let has_status = matches!(get(response, "status"), Some(Value::String(s)) if !s.is_empty());
-    has_output || has_status
-}
-
-/// `has_saved_generation(row)`: retained response data, including a completed response with
-/// empty output; a diagnostic error object, an empty mapping, a placeholder and a
-/// no-generation response are not.
+/// `has_saved_generation(row)`.
 pub fn has_saved_generation(row: &Value) -> bool {
-    get(row, "response").is_some_and(is_generation)
+    RowFacts::from_value(row).has_saved_generation()
 }
 
-/// `holds_response(row)`: the row keeps a full or partial response object, usable or not.
+/// `holds_response(row)`.
 pub fn holds_response(row: &Value) -> bool {
-    get(row, "response").is_some_and(Value::is_object)
-        || get(row, "_ng_failure_partial_response").is_some_and(Value::is_object)
+    RowFacts::from_value(row).holds_response()
 }
 
-/// `keeps_partial_response(row)`: a native cleanup's partial response, even without output; an
-/// agent-stage response the outcome policy rejected as failed is diagnostic only.
+/// `keeps_partial_response(row)`.
 pub fn keeps_partial_response(row: &Value) -> bool {
-    get(row, "_ng_failure_partial_response").is_some_and(|partial| {
-        partial.is_object()
-            && !marked_no_generation(partial)
-            && get_str(partial, "status") != Some("failed")
-    })
+    RowFacts::from_value(row).keeps_partial_response()
 }
 
-/// `_keeps_saved_answer(row)`: a collector projection's own flag, else a retained generation or
-/// native partial response.
+/// `_keeps_saved_answer(row)`.
 pub fn keeps_saved_answer(row: &Value) -> bool {
-    match get(row, KEEPS_SAVED_ANSWER_KEY) {
-        Some(Value::Bool(flag)) => *flag,
-        _ => has_saved_generation(row) || keeps_partial_response(row),
-    }
+    RowFacts::from_value(row).keeps_saved_answer()
 }
 
-/// `has_recorded_grade(row)`: the verifier finished grading this failed attempt.
+/// `has_recorded_grade(row)`.
 pub fn has_recorded_grade(row: &Value) -> bool {
-    get(row, RECORDED_GRADE_KEY).is_some_and(Value::is_object)
+    RowFacts::from_value(row).has_recorded_grade()
 }
 
-/// How far a failed request got.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Delivery {
-    NotSent,
-    PossiblyDelivered,
-    Delivered,
-}
-
-/// A failure row's delivery (`_ng_failure_record.delivery`; absent record: possibly delivered).
+/// A failure row's delivery.
 pub fn delivery(row: &Value) -> Delivery {
-    match get(row, "_ng_failure_record").and_then(|r| get_str(r, "delivery")) {
-        Some("not_sent") => Delivery::NotSent,
-        Some("delivered") => Delivery::Delivered,
-        _ => Delivery::PossiblyDelivered,
-    }
+    RowFacts::from_value(row).delivery()
 }
 
-/// Whether the row is a failure outcome (routed to the failures sidecar).
+/// Whether the row is a failure outcome.
 pub fn is_failure_row(row: &Value) -> bool {
-    get(row, "_ng_failure_class").is_some()
+    RowFacts::from_value(row).is_failure_row()
 }
 
-/// `has_unclassified_execution_failure(row)`: a selected route failure names no owned cause
-/// that permits running the agent again. A possibly delivered request permits a fresh run only
-/// while the row keeps no full or partial response.
+/// `has_unclassified_execution_failure(row)`.
 pub fn has_unclassified_execution_failure(row: &Value) -> bool {
-    if !is_failure_row(row) || row_failure_kind(row).is_some() {
-        return false;
-    }
-    match delivery(row) {
-        Delivery::NotSent => false,
-        Delivery::PossiblyDelivered => holds_response(row),
-        Delivery::Delivered => true,
-    }
+    RowFacts::from_value(row).has_unclassified_execution_failure()
 }
 
-/// `is_terminal_failure(record, retry_terminal_timeouts)`: whether a persisted failure is gated
-/// on resume. Under the opt-in, timeouts and repairable environment faults stay retryable and a
-/// skipped sample stays terminal.
+/// `is_terminal_failure(record, retry_terminal_timeouts)`.
 pub fn is_terminal_failure(row: &Value, retry_terminal_timeouts: bool) -> bool {
-    let stamped = truthy(get(row, "_ng_failure_terminal"));
-    if !retry_terminal_timeouts {
-        return stamped;
-    }
-    match get_str(row, "_ng_failure_class") {
-        Some(
-            "timeout_exceeded"
-            | "agent_timeout"
-            | "reference_missing"
-            | "eval_missing"
-            | "transport_ineligible",
-        ) => false,
-        Some("skipped") => true,
-        _ => stamped,
-    }
+    RowFacts::from_value(row).is_terminal_failure(retry_terminal_timeouts)
 }
 
-/// `applied_failure_class(row)`: a class already applied to the result (an explicit `unknown`
-/// is kept over later configuration).
+/// `applied_failure_class(row)`.
 pub fn applied_failure_class(row: &Value) -> Option<FailureClass> {
-    get_str(row, APPLIED_CLASS_KEY).and_then(FailureClass::parse)
+    RowFacts::from_value(row).applied_failure_class()
 }
 
-/// `matches_failure_class(record, classes)`: the shared failure name or the retained producer
-/// routing name is one of `classes`.
+/// `matches_failure_class(record, classes)`.
 pub fn matches_failure_class(row: &Value, classes: &[&str]) -> bool {
-    let names = [
-        get_str(row, "failure_kind"),
-        record_failure(row).and_then(|f| get_str(f, "failure_kind")),
-        get_str(row, "_ng_failure_class"),
-    ];
-    names
-        .into_iter()
-        .flatten()
-        .any(|name| classes.contains(&name) || classes.contains(&shared_name(name)))
+    RowFacts::from_value(row).matches_failure_class(classes)
 }
 
-/// The responsibility of a row's failure: an applied class first, else the policy's class of
-/// its selected kind at its stage.
+/// The responsibility of a row's failure.
 pub fn responsibility(row: &Value, policy: &ClassificationPolicy) -> FailureClass {
-    if let Some(applied) = applied_failure_class(row) {
-        return applied;
-    }
-    row_failure_kind(row).map_or(FailureClass::Unknown, |kind| {
-        policy.classify(&kind, failure_stage(row))
-    })
+    RowFacts::from_value(row).responsibility(policy)
 }
 
-/// `_masked_evaluation_side_kind(row)`: the evaluation-side kind of a masked result not set aside
-/// for another owner (not a failure row, omitted stand-in or re-judgment; registered,
-/// evaluation-side, not graded again from the saved answer, not a `transport_*` verify call).
+/// `_masked_evaluation_side_kind(row)`.
 pub fn masked_evaluation_side_kind(row: &Value, policy: &ClassificationPolicy) -> Option<String> {
-    if !truthy(get(row, "mask_sample"))
-        || is_failure_row(row)
-        || truthy(get(row, "_ng_omitted"))
-        || truthy(get(row, "_ng_omitted_rollout"))
-        || get(row, "_ng_rejudge").is_some()
-    {
-        return None;
-    }
-    let kind = get_str(row, "failure_kind")?;
-    if crate::failure::kind_status(kind) != crate::failure::KindStatus::Registered
-        || MASKED_REGRADE_KINDS.contains(&kind)
-        || kind.starts_with("transport_")
-    {
-        return None;
-    }
-    let class =
-        applied_failure_class(row).unwrap_or_else(|| policy.classify(kind, failure_stage(row)));
-    (class == FailureClass::Evaluation).then(|| kind.to_owned())
+    RowFacts::from_value(row)
+        .masked_evaluation_side_kind(policy)
+        .map(str::to_owned)
 }
 
-/// `masked_infrastructure_kind(row)`: the kind of a masked result that infrastructure left
-/// unmeasured and that holds no saved answer: retried within the attempt cap.
+/// `masked_infrastructure_kind(row)`.
 pub fn masked_infrastructure_kind(row: &Value, policy: &ClassificationPolicy) -> Option<String> {
-    masked_evaluation_side_kind(row, policy).filter(|_| !keeps_saved_answer(row))
+    RowFacts::from_value(row)
+        .masked_infrastructure_kind(policy)
+        .map(str::to_owned)
 }
 
-/// `masked_kept_answer_kind(row)`: the kind of a masked evaluation-side result rejected only for
-/// its saved answer and without a recorded grade: eligible for an operator-approved rerun.
+/// `masked_kept_answer_kind(row)`.
 pub fn masked_kept_answer_kind(row: &Value, policy: &ClassificationPolicy) -> Option<String> {
-    masked_evaluation_side_kind(row, policy)
-        .filter(|_| keeps_saved_answer(row) && !has_recorded_grade(row))
+    RowFacts::from_value(row)
+        .masked_kept_answer_kind(policy)
+        .map(str::to_owned)
 }
 
 /// `has_only_intentional_gaps(expected, completed, intentionally_omitted)`: omissions are
@@ -540,5 +685,5 @@ pub fn has_only_intentional_gaps(
 
 /// Whether a row's reward is a JSON number (never a bool).
 pub fn has_numeric_reward(row: &Value) -> bool {
-    matches!(get(row, "reward"), Some(Value::Number(_)))
+    RowFacts::from_value(row).has_numeric_reward()
 }

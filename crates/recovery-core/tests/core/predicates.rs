@@ -851,3 +851,73 @@ proptest! {
         let _ = (captured_model_calls(&row), observed_elapsed(&row), failure_stage(&row), row_failure_kind(&row));
     }
 }
+
+proptest! {
+    #[test]
+    fn facts_read_from_bytes_equal_facts_read_from_a_parsed_value(row in arbitrary_json(), pretty in any::<bool>()) {
+        use recovery_core::facts::RowFacts;
+        let text = if pretty { serde_json::to_string_pretty(&row) } else { serde_json::to_string(&row) }.expect("serialise");
+        let from_bytes = RowFacts::from_line(text.as_bytes()).expect("valid JSON");
+        if row.is_object() {
+            prop_assert_eq!(from_bytes, Some(RowFacts::from_value(&row)));
+        } else {
+            prop_assert_eq!(from_bytes, None);
+        }
+    }
+}
+
+#[test]
+fn a_whole_file_is_classified_in_order_with_counts() {
+    use recovery_core::classify::classify_jsonl;
+    use recovery_core::rows::JsonlError;
+    let rows = [
+        json!({"_ng_failure_class": "session_lost"}),
+        json!({"_ng_failure_class": "agent_run_error", "_ng_failure_terminal": true}),
+        json!({"reward": 1.0, "response": {"output": [{}]}}),
+    ];
+    let mut text: String = rows.iter().map(|r| format!("{r}\n\n")).collect();
+    text.push_str("{\"_ng_failure_class\":");
+    let mut seen = Vec::new();
+    for threads in [1, 2] {
+        seen.clear();
+        let summary = classify_jsonl(
+            text.as_bytes(),
+            "f.jsonl",
+            threads,
+            &policy(),
+            false,
+            |line, d| seen.push((line, d.verdict)),
+        )
+        .expect("classified");
+        assert_eq!(
+            seen,
+            [
+                (1, RowVerdict::Retry),
+                (3, RowVerdict::Terminal),
+                (5, RowVerdict::Keep)
+            ]
+        );
+        assert_eq!((summary.rows, summary.torn_tail_line), (3, Some(7)));
+        assert_eq!(
+            summary.by_responsibility.get(&FailureClass::Evaluation),
+            Some(&1)
+        );
+        assert_eq!(summary.by_kind.get("agent_run_error"), Some(&1));
+    }
+    let malformed = format!("{}\n{{oops\n", rows[0]);
+    assert!(matches!(
+        classify_jsonl(
+            malformed.as_bytes(),
+            "f.jsonl",
+            2,
+            &policy(),
+            false,
+            |_, _| {}
+        ),
+        Err(JsonlError::Malformed { line: 2, .. })
+    ));
+    assert!(matches!(
+        classify_jsonl("[]\n".as_bytes(), "f.jsonl", 1, &policy(), false, |_, _| {}),
+        Err(JsonlError::NotAnObject { line: 1, .. })
+    ));
+}
