@@ -1,0 +1,113 @@
+//! Append-only journals: one complete line per event, fsynced before the append returns.
+//!
+//! Invariants (facts §11.1 `prepare_append`): before appending, an unterminated tail left by a
+//! crash is repaired: kept (with its newline added) when it is a complete JSON value, truncated
+//! away otherwise; complete lines are never rewritten. A line is written with one `write` on an
+//! `O_APPEND` descriptor, so concurrent readers see whole lines.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+/// What `prepare_append` did to an unterminated tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailRepair {
+    /// The file was empty or ended with a newline.
+    Clean,
+    /// A complete JSON value without its newline: the newline was added.
+    Terminated,
+    /// An incomplete write of this many bytes was removed.
+    Truncated(u64),
+}
+
+/// Repairs an unterminated tail (see the module invariants); `Clean` for a missing file.
+pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
+    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TailRepair::Clean),
+        Err(e) => return Err(e),
+    };
+    let end = file.seek(SeekFrom::End(0))?;
+    if end == 0 {
+        return Ok(TailRepair::Clean);
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::End(-1))?;
+    file.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(TailRepair::Clean);
+    }
+    // Scan backwards in 1 MiB chunks for the last newline: each chunk is read once.
+    let mut start = end;
+    while start > 0 {
+        let size = start.min(1 << 20);
+        start -= size;
+        let mut chunk = vec![0u8; size as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut chunk)?;
+        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
+            start += at as u64 + 1;
+            break;
+        }
+    }
+    let mut tail = vec![0u8; (end - start) as usize];
+    file.seek(SeekFrom::Start(start))?;
+    file.read_exact(&mut tail)?;
+    let repair = if recovery_core::rows::parse_line(&tail).is_ok() || is_plain_line(&tail) {
+        file.seek(SeekFrom::End(0))?;
+        file.write_all(b"\n")?;
+        TailRepair::Terminated
+    } else {
+        file.set_len(start)?;
+        TailRepair::Truncated(end - start)
+    };
+    file.sync_all()?;
+    Ok(repair)
+}
+
+/// A non-JSON line-based journal's complete entry (a decimal integer, as the resubmit offset).
+fn is_plain_line(tail: &[u8]) -> bool {
+    !tail.is_empty() && tail.iter().all(u8::is_ascii_digit)
+}
+
+/// Appends one line (a newline is added) and fsyncs it, repairing a torn tail first.
+pub fn append_line(path: &Path, line: &[u8]) -> std::io::Result<TailRepair> {
+    if line.contains(&b'\n') {
+        return Err(std::io::Error::other(
+            "a journal line must not contain a newline",
+        ));
+    }
+    let repair = prepare_append(path)?;
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    let mut buffer = Vec::with_capacity(line.len() + 1);
+    buffer.extend_from_slice(line);
+    buffer.push(b'\n');
+    file.write_all(&buffer)?;
+    file.sync_data()?;
+    if repair != TailRepair::Clean || file.metadata()?.len() == buffer.len() as u64 {
+        // A new file or a repaired one: make its directory entry durable too.
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            File::open(dir)?.sync_all()?;
+        }
+    }
+    Ok(repair)
+}
+
+/// The complete lines of a journal (a missing file has none; an unterminated tail is left out).
+pub fn read_lines(path: &Path) -> std::io::Result<Vec<Vec<u8>>> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut reader = BufReader::new(file);
+    let mut lines = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 || line.last() != Some(&b'\n') {
+            return Ok(lines);
+        }
+        line.pop();
+        lines.push(line);
+    }
+}

@@ -1,0 +1,42 @@
+//! The canonical files beside each output (decisions §6, facts §2, §9, §10), which file-based tools
+//! (NeMo Gym's own collector, shell scripts, `jq`) keep reading.
+//!
+//! - [`paths`]: every companion's exact name, and confinement of output paths under roots.
+//! - [`atomic`]: atomic replace exactly as `atomic_output_file` (readers see old or new, never part).
+//! - [`journal`]: append-only JSONL journals with fsync and torn-tail repair.
+//! - [`lock`]: run and checkpoint locks (`flock`, exclusive, non-blocking, never unlinked).
+
+pub mod atomic;
+pub mod journal;
+pub mod lock;
+pub mod paths;
+
+pub use atomic::{atomic_write, atomic_write_json};
+pub use journal::{append_line, prepare_append, read_lines};
+pub use lock::{LockError, RunLock};
+pub use paths::{Confinement, PathError, SidecarPaths};
+
+/// Now as RFC 3339 UTC with microseconds (fixed width, so text order is time order).
+pub fn now_rfc3339() -> String {
+    format_rfc3339(time::OffsetDateTime::now_utc())
+}
+
+/// A time as fixed-width RFC 3339 UTC with microseconds (`2026-11-29T09:01:50.123456Z`).
+pub fn format_rfc3339(at: time::OffsetDateTime) -> String {
+    let at = at.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
+        at.microsecond()
+    )
+}
+
+/// A fresh identifier (`uuid4().hex`: 32 lowercase hex digits), as run ids and event ids are.
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}

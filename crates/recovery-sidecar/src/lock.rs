@@ -1,0 +1,78 @@
+//! Run locks (facts §10): `<stem>_run.lock` on the resolved output path and
+//! `<checkpoint dir>/.collector.lock`, acquired with an exclusive non-blocking `flock` in sorted
+//! path order, held until dropped (or the process dies), never unlinked.
+//!
+//! Invariant: the lock is the same kernel lock Python's `fcntl.flock` takes, so a Python collector
+//! and this service exclude each other on the same files.
+
+use fd_lock::RwLock;
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+/// Why a lock was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error("Another collector owns this run ({}). Wait for it to stop before resuming.", .0.display())]
+    Owned(PathBuf),
+    #[error("cannot open lock file {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Held locks of one run; dropping releases them (closing the files releases the `flock`).
+#[derive(Debug)]
+pub struct RunLock {
+    held: Vec<(PathBuf, RwLock<File>)>,
+}
+
+impl RunLock {
+    /// Acquires every lock in sorted order; on the first that is owned, releases the ones taken.
+    pub fn acquire(paths: impl IntoIterator<Item = PathBuf>) -> Result<Self, LockError> {
+        let mut paths: Vec<PathBuf> = paths.into_iter().collect();
+        paths.sort();
+        paths.dedup();
+        let mut held = Vec::with_capacity(paths.len());
+        for path in paths {
+            let io = |source| LockError::Io {
+                path: path.clone(),
+                source,
+            };
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(io)?;
+            }
+            let file = OpenOptions::new()
+                .read(true)
+                .append(true)
+                .create(true)
+                .open(&path)
+                .map_err(io)?;
+            let mut lock = RwLock::new(file);
+            match lock.try_write() {
+                // The guard would unlock on drop; the lock must live as long as the file instead.
+                Ok(guard) => std::mem::forget(guard),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Err(LockError::Owned(path));
+                }
+                Err(e) => return Err(io(e)),
+            }
+            held.push((path, lock));
+        }
+        Ok(Self { held })
+    }
+
+    /// The lock of one output (and optionally its checkpoint directory).
+    pub fn for_output(run_lock: &Path, checkpoint_dir: Option<&Path>) -> Result<Self, LockError> {
+        let mut paths = vec![run_lock.to_owned()];
+        if let Some(dir) = checkpoint_dir {
+            paths.push(crate::paths::checkpoint_lock_path(dir));
+        }
+        Self::acquire(paths)
+    }
+
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.held.iter().map(|(p, _)| p.as_path())
+    }
+}

@@ -1,0 +1,174 @@
+//! Companion file names (decisions §6) and output path confinement.
+//!
+//! Invariants: a companion of output `D/NAME.EXT` is `D/<stem><suffix>` with the stem Python's
+//! `Path.stem` (the name without its last extension); manifest-derived files hang off the
+//! manifest's stem; every output path the service touches is resolved (symlinks followed) and lies
+//! under a configured root, `..` components are refused outright.
+
+use std::ffi::OsString;
+use std::path::{Component, Path, PathBuf};
+
+/// Why an output path is not acceptable.
+#[derive(Debug, thiserror::Error)]
+pub enum PathError {
+    #[error("output path {0:?} must not contain '..'")]
+    ParentComponent(PathBuf),
+    #[error("output path {0:?} has no file name")]
+    NoFileName(PathBuf),
+    #[error("output path {path:?} resolves to {resolved:?}, outside the allowed roots ({roots})")]
+    OutsideRoots {
+        path: PathBuf,
+        resolved: PathBuf,
+        roots: String,
+    },
+    #[error("output path {path:?} cannot be resolved: {source}")]
+    Unresolvable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("root {path:?} cannot be used: {source}")]
+    BadRoot {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The directories output paths must lie under.
+#[derive(Debug, Clone)]
+pub struct Confinement {
+    roots: Vec<PathBuf>,
+}
+
+impl Confinement {
+    /// Roots are canonicalized once; each must exist.
+    pub fn new(roots: impl IntoIterator<Item = PathBuf>) -> Result<Self, PathError> {
+        let roots = roots
+            .into_iter()
+            .map(|root| {
+                std::fs::canonicalize(&root)
+                    .map_err(|source| PathError::BadRoot { path: root, source })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self { roots })
+    }
+
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    /// Resolves an output path (relative paths are taken under the first root) and checks it
+    /// lies under a root, following every symlink of the part that exists.
+    pub fn resolve(&self, requested: &Path) -> Result<PathBuf, PathError> {
+        if requested.components().any(|c| c == Component::ParentDir) {
+            return Err(PathError::ParentComponent(requested.to_owned()));
+        }
+        let absolute = if requested.is_absolute() {
+            requested.to_owned()
+        } else {
+            self.roots
+                .first()
+                .map_or_else(|| requested.to_owned(), |root| root.join(requested))
+        };
+        if absolute.file_name().is_none() {
+            return Err(PathError::NoFileName(requested.to_owned()));
+        }
+        // Resolve the longest existing prefix; the rest does not exist, so it holds no symlink.
+        let mut existing = absolute.clone();
+        let mut missing: Vec<OsString> = Vec::new();
+        while !existing.exists() {
+            let Some(name) = existing.file_name() else {
+                break;
+            };
+            missing.push(name.to_owned());
+            if !existing.pop() {
+                break;
+            }
+        }
+        let mut resolved =
+            std::fs::canonicalize(&existing).map_err(|source| PathError::Unresolvable {
+                path: requested.to_owned(),
+                source,
+            })?;
+        for name in missing.iter().rev() {
+            resolved.push(name);
+        }
+        if self.roots.iter().any(|root| resolved.starts_with(root)) {
+            Ok(resolved)
+        } else {
+            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+            Err(PathError::OutsideRoots {
+                path: requested.to_owned(),
+                resolved,
+                roots: roots.join(", "),
+            })
+        }
+    }
+}
+
+/// Every companion file of one (resolved) output path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SidecarPaths {
+    pub output: PathBuf,
+    pub failures: PathBuf,
+    pub materialized: PathBuf,
+    pub manifest: PathBuf,
+    pub identity: PathBuf,
+    pub resume_drift: PathBuf,
+    pub run_lock: PathBuf,
+    pub coverage: PathBuf,
+    pub attempt_extension: PathBuf,
+    pub rerun_masked: PathBuf,
+    pub resubmit_offset: PathBuf,
+    pub classification_policy: PathBuf,
+    /// The superseded draft dispatch journal, whose presence refuses a resume.
+    pub draft_journal: PathBuf,
+    pub aggregate_metrics: PathBuf,
+}
+
+/// `Path.stem`: the file name without its last extension (a leading dot is not an extension).
+fn stem(path: &Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    match name.rfind('.') {
+        Some(at) if at > 0 => name[..at].to_owned(),
+        _ => name,
+    }
+}
+
+/// `path.with_name(path.stem + suffix)`.
+pub fn companion(path: &Path, suffix: &str) -> PathBuf {
+    path.with_file_name(format!("{}{suffix}", stem(path)))
+}
+
+/// `<checkpoint_dir>/.collector.lock`.
+pub fn checkpoint_lock_path(checkpoint_dir: &Path) -> PathBuf {
+    checkpoint_dir.join(".collector.lock")
+}
+
+impl SidecarPaths {
+    /// The companions of an output path (resolve it first: the run lock is named on the resolved
+    /// path so that symlink aliases share it).
+    pub fn for_output(output: &Path) -> Self {
+        let manifest = companion(output, "_manifest.json");
+        Self {
+            output: output.to_owned(),
+            failures: companion(output, "_failures.jsonl"),
+            materialized: companion(output, "_materialized_inputs.jsonl"),
+            identity: companion(&manifest, "_identity.json"),
+            resume_drift: companion(&manifest, "_resume_drift.jsonl"),
+            manifest,
+            run_lock: companion(output, "_run.lock"),
+            coverage: companion(output, "_coverage.json"),
+            attempt_extension: companion(output, "_attempt_extension.jsonl"),
+            rerun_masked: companion(output, "_rerun_masked.jsonl"),
+            resubmit_offset: companion(output, "_resubmit_offset"),
+            classification_policy: companion(output, "_failure_classification.json"),
+            draft_journal: companion(output, "_attempts.jsonl"),
+            aggregate_metrics: companion(output, "_aggregate_metrics.json"),
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! The one integration-test binary of `recovery-sidecar`: names, confinement, atomic replace,
+//! journals and locks, with Python's `fcntl.flock` as the peer.
+
+use recovery_sidecar::journal::TailRepair;
+use recovery_sidecar::{
+    Confinement, LockError, PathError, RunLock, SidecarPaths, append_line, atomic_write,
+    prepare_append, read_lines,
+};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+#[test]
+fn companions_are_named_from_the_output_stem_and_the_manifest_stem() {
+    let paths = SidecarPaths::for_output(Path::new("/data/results/rollouts.jsonl"));
+    let name = |p: &Path| p.file_name().expect("name").to_string_lossy().into_owned();
+    assert_eq!(name(&paths.manifest), "rollouts_manifest.json");
+    assert_eq!(name(&paths.identity), "rollouts_manifest_identity.json");
+    assert_eq!(
+        name(&paths.resume_drift),
+        "rollouts_manifest_resume_drift.jsonl"
+    );
+    assert_eq!(name(&paths.failures), "rollouts_failures.jsonl");
+    assert_eq!(
+        name(&paths.materialized),
+        "rollouts_materialized_inputs.jsonl"
+    );
+    assert_eq!(name(&paths.run_lock), "rollouts_run.lock");
+    assert_eq!(
+        name(&paths.attempt_extension),
+        "rollouts_attempt_extension.jsonl"
+    );
+    assert_eq!(name(&paths.rerun_masked), "rollouts_rerun_masked.jsonl");
+    assert_eq!(name(&paths.resubmit_offset), "rollouts_resubmit_offset");
+    assert_eq!(
+        name(&paths.classification_policy),
+        "rollouts_failure_classification.json"
+    );
+    assert_eq!(name(&paths.coverage), "rollouts_coverage.json");
+    let dotted = SidecarPaths::for_output(Path::new("/d/out.v2.jsonl"));
+    assert_eq!(
+        name(&dotted.manifest),
+        "out.v2_manifest.json",
+        "only the last extension is the suffix"
+    );
+    let hidden = SidecarPaths::for_output(Path::new("/d/.hidden"));
+    assert_eq!(name(&hidden.manifest), ".hidden_manifest.json");
+}
+
+#[test]
+fn output_paths_are_confined_to_their_roots() {
+    let root = tempfile::tempdir().expect("root");
+    let outside = tempfile::tempdir().expect("outside");
+    std::fs::create_dir(root.path().join("runs")).expect("dir");
+    std::os::unix::fs::symlink(outside.path(), root.path().join("escape")).expect("symlink");
+    std::fs::write(outside.path().join("target.jsonl"), b"").expect("file");
+    std::os::unix::fs::symlink(
+        outside.path().join("target.jsonl"),
+        root.path().join("runs/link.jsonl"),
+    )
+    .expect("symlink");
+    let confinement = Confinement::new([root.path().to_owned()]).expect("confinement");
+    let canonical_root = std::fs::canonicalize(root.path()).expect("canonical");
+    let inside = confinement
+        .resolve(&root.path().join("runs/new/out.jsonl"))
+        .expect("inside");
+    assert_eq!(inside, canonical_root.join("runs/new/out.jsonl"));
+    assert_eq!(
+        confinement
+            .resolve(Path::new("runs/out.jsonl"))
+            .expect("relative"),
+        canonical_root.join("runs/out.jsonl")
+    );
+    assert!(matches!(
+        confinement.resolve(&root.path().join("runs/../../etc/passwd")),
+        Err(PathError::ParentComponent(_))
+    ));
+    assert!(matches!(
+        confinement.resolve(&root.path().join("escape/out.jsonl")),
+        Err(PathError::OutsideRoots { .. })
+    ));
+    assert!(matches!(
+        confinement.resolve(&root.path().join("runs/link.jsonl")),
+        Err(PathError::OutsideRoots { .. })
+    ));
+    assert!(matches!(
+        confinement.resolve(Path::new("/etc/out.jsonl")),
+        Err(PathError::OutsideRoots { .. })
+    ));
+    let error = confinement
+        .resolve(Path::new("/etc/out.jsonl"))
+        .expect_err("outside")
+        .to_string();
+    assert!(
+        error.contains("/etc/out.jsonl") && error.contains("outside the allowed roots"),
+        "{error}"
+    );
+}
+
+#[test]
+fn atomic_replace_keeps_permissions_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("run_manifest.json");
+    atomic_write(&path, b"first\n", None).expect("first write");
+    let fresh = std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777;
+    let ordinary = dir.path().join("ordinary");
+    std::fs::write(&ordinary, b"").expect("ordinary");
+    assert_eq!(
+        fresh,
+        std::fs::metadata(&ordinary)
+            .expect("meta")
+            .permissions()
+            .mode()
+            & 0o777,
+        "like an ordinary new file"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    atomic_write(&path, b"second\n", None).expect("rewrite");
+    assert_eq!(
+        std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+        0o640,
+        "sharing permissions retained"
+    );
+    atomic_write(&path, b"third\n", Some(0o600)).expect("explicit mode");
+    assert_eq!(
+        std::fs::metadata(&path).expect("meta").permissions().mode() & 0o777,
+        0o600
+    );
+    assert_eq!(std::fs::read(&path).expect("read"), b"third\n");
+    // A failed replace (the target is a directory) keeps the old bytes and leaves no temporary.
+    let blocked = dir.path().join("blocked");
+    std::fs::create_dir(&blocked).expect("dir");
+    std::fs::write(blocked.join("keep"), b"x").expect("file");
+    assert!(atomic_write(&blocked, b"new", None).is_err());
+    let stray: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(stray.is_empty(), "no temporary file may remain");
+    assert_eq!(std::fs::read(blocked.join("keep")).expect("kept"), b"x");
+}
+
+#[test]
+fn journals_repair_torn_tails_and_never_rewrite_complete_lines() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("j.jsonl");
+    assert_eq!(prepare_append(&path).expect("missing"), TailRepair::Clean);
+    append_line(&path, br#"{"id":1}"#).expect("append");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("open")
+        .write_all(br#"{"id":2,"#)
+        .expect("torn");
+    assert_eq!(
+        append_line(&path, br#"{"id":3}"#).expect("append"),
+        TailRepair::Truncated(8)
+    );
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("open")
+        .write_all(br#"{"id":4}"#)
+        .expect("complete tail");
+    assert_eq!(
+        append_line(&path, br#"{"id":5}"#).expect("append"),
+        TailRepair::Terminated
+    );
+    let lines: Vec<String> = read_lines(&path)
+        .expect("lines")
+        .into_iter()
+        .map(|l| String::from_utf8(l).expect("utf8"))
+        .collect();
+    assert_eq!(
+        lines,
+        [r#"{"id":1}"#, r#"{"id":3}"#, r#"{"id":4}"#, r#"{"id":5}"#]
+    );
+    assert!(append_line(&path, b"two\nlines").is_err());
+    let offsets = dir.path().join("out_resubmit_offset");
+    append_line(&offsets, b"12").expect("offset");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&offsets)
+        .expect("open")
+        .write_all(b"17")
+        .expect("tail");
+    assert_eq!(
+        prepare_append(&offsets).expect("repair"),
+        TailRepair::Terminated,
+        "a complete integer line is kept"
+    );
+}
+
+#[test]
+fn a_run_lock_excludes_a_second_owner_until_released_and_follows_aliases() {
+    let dir = tempfile::tempdir().expect("dir");
+    let output = dir.path().join("out.jsonl");
+    std::fs::write(&output, b"").expect("output");
+    let alias = dir.path().join("alias.jsonl");
+    std::os::unix::fs::symlink(&output, &alias).expect("symlink");
+    let lock_of =
+        |p: &Path| SidecarPaths::for_output(&std::fs::canonicalize(p).expect("resolve")).run_lock;
+    let held = RunLock::for_output(&lock_of(&output), None).expect("first owner");
+    match RunLock::for_output(&lock_of(&alias), None) {
+        Err(LockError::Owned(path)) => assert_eq!(path, lock_of(&output)),
+        other => panic!("the alias must share the lock: {other:?}"),
+    }
+    drop(held);
+    let again = RunLock::for_output(&lock_of(&alias), None).expect("free after release");
+    assert!(lock_of(&output).exists(), "the lock file is never unlinked");
+    drop(again);
+    let checkpoints = dir.path().join("ckpt");
+    let first = RunLock::for_output(&dir.path().join("a_run.lock"), Some(&checkpoints)).expect("a");
+    let error = RunLock::for_output(&dir.path().join("b_run.lock"), Some(&checkpoints))
+        .expect_err("shared checkpoints conflict");
+    assert!(
+        error
+            .to_string()
+            .contains("Another collector owns this run")
+            && error.to_string().contains(".collector.lock"),
+        "{error}"
+    );
+    drop(first);
+    assert!(
+        RunLock::for_output(&dir.path().join("b_run.lock"), None).is_ok(),
+        "a failed acquisition released what it took"
+    );
+}
+
+#[test]
+fn concurrent_acquirers_of_one_lock_get_exactly_one_owner() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("out_run.lock");
+    let barrier = std::sync::Barrier::new(64);
+    let winners: Vec<RunLock> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..64)
+            .map(|_| {
+                scope.spawn(|| {
+                    barrier.wait();
+                    RunLock::acquire([path.clone()]).ok()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .filter_map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    assert_eq!(winners.len(), 1, "exactly one of 64 acquirers owns the run");
+}
+
+const PYTHON_HOLDER: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n";
+const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
+
+#[test]
+fn a_python_collector_and_this_service_exclude_each_other() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("out_run.lock");
+    let mut holder = Command::new("python3")
+        .args(["-c", PYTHON_HOLDER])
+        .arg(&path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(holder.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line.trim(), "locked");
+    let error = RunLock::acquire([path.clone()]).expect_err("Python owns the run");
+    let text = error.to_string();
+    assert!(
+        text.contains("Another collector owns this run")
+            && text.contains(&path.display().to_string()),
+        "{text}"
+    );
+    drop(holder.stdin.take());
+    assert!(holder.wait().expect("python exits").success());
+    let ours = RunLock::acquire([path.clone()]).expect("free once Python exits");
+    let probe = Command::new("python3")
+        .args(["-c", PYTHON_PROBE])
+        .arg(&path)
+        .output()
+        .expect("python3");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "blocked",
+        "our lock blocks Python's non-blocking flock"
+    );
+    drop(ours);
+    let probe = Command::new("python3")
+        .args(["-c", PYTHON_PROBE])
+        .arg(&path)
+        .output()
+        .expect("python3");
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "acquired");
+}
