@@ -1,0 +1,775 @@
+//! The store: the queryable record of runs, resume outcomes, drift, approvals, attempt changes,
+//! re-judgments, leases and operator actions, over SQLite (the default: one file, WAL) or
+//! PostgreSQL (several replicas), through one API.
+//!
+//! Invariants: the sidecar files stay canonical; every event row carries the id of its sidecar
+//! line, so inserts are idempotent (`ON CONFLICT DO NOTHING`) and a reindex can replay sidecars
+//! any number of times without duplicates; drift rows hold keys and digests, never values; times
+//! are fixed-width RFC 3339 UTC text, so text order is time order on both backends; queries are
+//! runtime queries with `$N` placeholders, which both drivers accept.
+
+mod records;
+
+pub use records::*;
+
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
+
+/// Which database a store runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("unsupported database URL {0:?} (use sqlite://... or postgres://...)")]
+    UnsupportedUrl(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+    #[error("stored JSON is unreadable: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
+
+/// One store API over SQLite and PostgreSQL.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+fn json_list(value: &str) -> Result<Vec<String>, StoreError> {
+    Ok(serde_json::from_str(value)?)
+}
+
+fn to_json(list: &[String]) -> String {
+    serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
+}
+
+impl Store {
+    /// Connects (creating an SQLite file when needed) and applies the migrations.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(StoreError::UnsupportedUrl(url.to_owned()));
+        };
+        let url = match backend {
+            Backend::Sqlite if !url.contains("mode=") => {
+                format!("{url}{}mode=rwc", if url.contains('?') { "&" } else { "?" })
+            }
+            _ => url.to_owned(),
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+            .after_connect(move |connection, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL lets readers run beside the writer; waits instead of failing on a
+                        // briefly locked database.
+                        sqlx::query("PRAGMA journal_mode = WAL")
+                            .execute(&mut *connection)
+                            .await?;
+                        sqlx::query("PRAGMA busy_timeout = 10000")
+                            .execute(&mut *connection)
+                            .await?;
+                        sqlx::query("PRAGMA synchronous = NORMAL")
+                            .execute(&mut *connection)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await?;
+        match backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
+            Backend::Postgres => POSTGRES_MIGRATIONS.run(&pool).await?,
+        }
+        Ok(Self { pool, backend })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Whether the database answers (readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    // --- runs -----------------------------------------------------------------------------
+
+    /// Records a run, or updates its digests and flags (a run's manifest may be rewritten).
+    pub async fn upsert_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO runs (run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
+             identity_overridden, max_rollout_attempts, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+             ON CONFLICT (run_id) DO UPDATE SET output_path = excluded.output_path, source_digest = excluded.source_digest, \
+             materialized_digest = excluded.materialized_digest, config_digest = excluded.config_digest, \
+             legacy_import = excluded.legacy_import, identity_overridden = excluded.identity_overridden, \
+             max_rollout_attempts = excluded.max_rollout_attempts, updated_at = excluded.updated_at",
+        )
+        .bind(&run.run_id)
+        .bind(&run.output_path)
+        .bind(&run.source_digest)
+        .bind(&run.materialized_digest)
+        .bind(&run.config_digest)
+        .bind(i64::from(run.legacy_import))
+        .bind(i64::from(run.identity_overridden))
+        .bind(run.max_rollout_attempts)
+        .bind(&run.created_at)
+        .bind(&run.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Forgets the run recorded for an output path (its sidecars were moved aside).
+    pub async fn detach_output(
+        &self,
+        output_path: &str,
+        replaced_suffix: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE runs SET output_path = output_path || $1 WHERE output_path = $2")
+            .bind(replaced_suffix)
+            .bind(output_path)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    fn run_from_row(row: &AnyRow) -> Result<RunRecord, StoreError> {
+        Ok(RunRecord {
+            run_id: row.try_get("run_id")?,
+            output_path: row.try_get("output_path")?,
+            source_digest: row.try_get("source_digest")?,
+            materialized_digest: row.try_get("materialized_digest")?,
+            config_digest: row.try_get("config_digest")?,
+            legacy_import: row.try_get::<i64, _>("legacy_import")? != 0,
+            identity_overridden: row.try_get::<i64, _>("identity_overridden")? != 0,
+            max_rollout_attempts: row.try_get("max_rollout_attempts")?,
+            created_at: row.try_get("created_at")?,
+            updated_at: row.try_get("updated_at")?,
+        })
+    }
+
+    const RUN_COLUMNS: &'static str = "run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
+         identity_overridden, max_rollout_attempts, created_at, updated_at";
+
+    pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let sql = format!("SELECT {} FROM runs WHERE run_id = $1", Self::RUN_COLUMNS);
+        let row = sqlx::query(&sql)
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(Self::run_from_row).transpose()
+    }
+
+    pub async fn find_run_by_output(
+        &self,
+        output_path: &str,
+    ) -> Result<Option<RunRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM runs WHERE output_path = $1",
+            Self::RUN_COLUMNS
+        );
+        let row = sqlx::query(&sql)
+            .bind(output_path)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(Self::run_from_row).transpose()
+    }
+
+    /// Runs by creation time, newest first, after an optional (created_at, run_id) cursor.
+    pub async fn list_runs(
+        &self,
+        limit: u32,
+        before: Option<&Cursor>,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let mut sql = format!("SELECT {} FROM runs", Self::RUN_COLUMNS);
+        if before.is_some() {
+            sql.push_str(" WHERE (created_at < $1 OR (created_at = $1 AND run_id < $2))");
+        }
+        sql.push_str(&format!(
+            " ORDER BY created_at DESC, run_id DESC LIMIT {}",
+            limit.clamp(1, 1000)
+        ));
+        let mut query = sqlx::query(&sql);
+        if let Some(cursor) = before {
+            query = query.bind(&cursor.at).bind(&cursor.id);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(Self::run_from_row)
+            .collect()
+    }
+
+    // --- resume events ---------------------------------------------------------------------
+
+    /// Records one validate outcome (refusals included); `false` when the id was known.
+    pub async fn insert_resume_event(&self, event: &ResumeEvent) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO resume_events (event_id, run_id, output_path, at, outcome, message, reasons, semantic_keys, \
+             operational_keys, saved_config_digest, current_config_digest, client) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(&event.event_id)
+        .bind(&event.run_id)
+        .bind(&event.output_path)
+        .bind(&event.at)
+        .bind(&event.outcome)
+        .bind(&event.message)
+        .bind(to_json(&event.reasons))
+        .bind(to_json(&event.semantic_keys))
+        .bind(to_json(&event.operational_keys))
+        .bind(&event.saved_config_digest)
+        .bind(&event.current_config_digest)
+        .bind(&event.client)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn list_resume_events(
+        &self,
+        run_id: &str,
+        limit: u32,
+    ) -> Result<Vec<ResumeEvent>, StoreError> {
+        let sql = format!(
+            "SELECT event_id, run_id, output_path, at, outcome, message, reasons, semantic_keys, operational_keys, \
+             saved_config_digest, current_config_digest, client FROM resume_events WHERE run_id = $1 \
+             ORDER BY at DESC, event_id DESC LIMIT {}",
+            limit.clamp(1, 1000)
+        );
+        let rows = sqlx::query(&sql).bind(run_id).fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ResumeEvent {
+                    event_id: row.try_get("event_id")?,
+                    run_id: row.try_get("run_id")?,
+                    output_path: row.try_get("output_path")?,
+                    at: row.try_get("at")?,
+                    outcome: row.try_get("outcome")?,
+                    message: row.try_get("message")?,
+                    reasons: json_list(&row.try_get::<String, _>("reasons")?)?,
+                    semantic_keys: json_list(&row.try_get::<String, _>("semantic_keys")?)?,
+                    operational_keys: json_list(&row.try_get::<String, _>("operational_keys")?)?,
+                    saved_config_digest: row.try_get("saved_config_digest")?,
+                    current_config_digest: row.try_get("current_config_digest")?,
+                    client: row.try_get("client")?,
+                })
+            })
+            .collect()
+    }
+
+    // --- drift -----------------------------------------------------------------------------
+
+    /// Records one resume across operational drift with its keys; `false` when already known.
+    pub async fn insert_drift_event(&self, event: &DriftEvent) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let result = sqlx::query(
+            "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(&event.event_id)
+        .bind(&event.run_id)
+        .bind(&event.at)
+        .bind(&event.saved_config_digest)
+        .bind(&event.current_config_digest)
+        .bind(to_json(&event.operational_keys))
+        .execute(&mut *tx)
+        .await?;
+        for key in &event.operational_keys {
+            sqlx::query("INSERT INTO drift_event_keys (event_id, key) VALUES ($1, $2) ON CONFLICT (event_id, key) DO NOTHING")
+                .bind(&event.event_id)
+                .bind(key)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Drift events by time (oldest first), filtered, after an optional cursor.
+    pub async fn query_drift(&self, filter: &DriftFilter) -> Result<Vec<DriftEvent>, StoreError> {
+        let mut sql = String::from(
+            "SELECT d.event_id, d.run_id, d.at, d.saved_config_digest, d.current_config_digest, d.operational_keys \
+             FROM drift_events d WHERE 1 = 1",
+        );
+        let mut binds: Vec<String> = Vec::new();
+        let next = |value: &str, binds: &mut Vec<String>| {
+            binds.push(value.to_owned());
+            format!("${}", binds.len())
+        };
+        if let Some(run_id) = &filter.run_id {
+            let p = next(run_id, &mut binds);
+            sql.push_str(&format!(" AND d.run_id = {p}"));
+        }
+        if let Some(key) = &filter.key {
+            let p = next(key, &mut binds);
+            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM drift_event_keys k WHERE k.event_id = d.event_id AND k.key = {p})"));
+        }
+        if let Some(from) = &filter.from {
+            let p = next(from, &mut binds);
+            sql.push_str(&format!(" AND d.at >= {p}"));
+        }
+        if let Some(to) = &filter.to {
+            let p = next(to, &mut binds);
+            sql.push_str(&format!(" AND d.at < {p}"));
+        }
+        if let Some(cursor) = &filter.after {
+            let at = next(&cursor.at, &mut binds);
+            let id = next(&cursor.id, &mut binds);
+            sql.push_str(&format!(
+                " AND (d.at > {at} OR (d.at = {at} AND d.event_id > {id}))"
+            ));
+        }
+        sql.push_str(&format!(
+            " ORDER BY d.at, d.event_id LIMIT {}",
+            filter.limit.clamp(1, 1000)
+        ));
+        let mut query = sqlx::query(&sql);
+        for value in &binds {
+            query = query.bind(value.as_str());
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(DriftEvent {
+                    event_id: row.try_get("event_id")?,
+                    run_id: row.try_get("run_id")?,
+                    at: row.try_get("at")?,
+                    saved_config_digest: row.try_get("saved_config_digest")?,
+                    current_config_digest: row.try_get("current_config_digest")?,
+                    operational_keys: json_list(&row.try_get::<String, _>("operational_keys")?)?,
+                })
+            })
+            .collect()
+    }
+
+    // --- approvals, attempts, re-judgments -------------------------------------------------
+
+    pub async fn insert_approval(&self, approval: &Approval) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO approvals (approval_id, run_id, at, by_actor, reason, task_index, rollout_index, attempt_index, \
+             consumed_by_attempt, revoked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (approval_id) DO NOTHING",
+        )
+        .bind(&approval.approval_id)
+        .bind(&approval.run_id)
+        .bind(&approval.at)
+        .bind(&approval.by)
+        .bind(&approval.reason)
+        .bind(approval.task_index)
+        .bind(approval.rollout_index)
+        .bind(approval.attempt_index)
+        .bind(approval.consumed_by_attempt)
+        .bind(&approval.revoked_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn list_approvals(&self, run_id: &str) -> Result<Vec<Approval>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT approval_id, run_id, at, by_actor, reason, task_index, rollout_index, attempt_index, consumed_by_attempt, \
+             revoked_at FROM approvals WHERE run_id = $1 ORDER BY at, approval_id",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Approval {
+                    approval_id: row.try_get("approval_id")?,
+                    run_id: row.try_get("run_id")?,
+                    at: row.try_get("at")?,
+                    by: row.try_get("by_actor")?,
+                    reason: row.try_get("reason")?,
+                    task_index: row.try_get("task_index")?,
+                    rollout_index: row.try_get("rollout_index")?,
+                    attempt_index: row.try_get("attempt_index")?,
+                    consumed_by_attempt: row.try_get("consumed_by_attempt")?,
+                    revoked_at: row.try_get("revoked_at")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Revokes an approval that no attempt consumed yet; `false` when there is none such.
+    pub async fn revoke_approval(&self, approval_id: &str, at: &str) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE approvals SET revoked_at = $1 WHERE approval_id = $2 AND revoked_at IS NULL AND consumed_by_attempt IS NULL",
+        )
+        .bind(at)
+        .bind(approval_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Marks an approval used by the attempt that reran it.
+    pub async fn consume_approval(
+        &self,
+        approval_id: &str,
+        attempt: i64,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE approvals SET consumed_by_attempt = $1 WHERE approval_id = $2 AND consumed_by_attempt IS NULL AND revoked_at IS NULL",
+        )
+        .bind(attempt)
+        .bind(approval_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn insert_extension(&self, extension: &AttemptExtension) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO attempt_extensions (event_id, run_id, at, by_actor, reason, extend_attempts) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(&extension.event_id)
+        .bind(&extension.run_id)
+        .bind(&extension.at)
+        .bind(&extension.by)
+        .bind(&extension.reason)
+        .bind(extension.extend_attempts)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn list_extensions(&self, run_id: &str) -> Result<Vec<AttemptExtension>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT event_id, run_id, at, by_actor, reason, extend_attempts FROM attempt_extensions WHERE run_id = $1 ORDER BY at, event_id",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(AttemptExtension {
+                    event_id: row.try_get("event_id")?,
+                    run_id: row.try_get("run_id")?,
+                    at: row.try_get("at")?,
+                    by: row.try_get("by_actor")?,
+                    reason: row.try_get("reason")?,
+                    extend_attempts: row.try_get("extend_attempts")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn insert_resubmit(&self, resubmit: &Resubmit) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO resubmits (event_id, run_id, at, by_actor, line_offset) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (event_id) DO NOTHING",
+        )
+        .bind(&resubmit.event_id)
+        .bind(&resubmit.run_id)
+        .bind(&resubmit.at)
+        .bind(&resubmit.by)
+        .bind(resubmit.line_offset)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn list_resubmits(&self, run_id: &str) -> Result<Vec<Resubmit>, StoreError> {
+        let rows = sqlx::query("SELECT event_id, run_id, at, by_actor, line_offset FROM resubmits WHERE run_id = $1 ORDER BY at, event_id")
+            .bind(run_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Resubmit {
+                    event_id: row.try_get("event_id")?,
+                    run_id: row.try_get("run_id")?,
+                    at: row.try_get("at")?,
+                    by: row.try_get("by_actor")?,
+                    line_offset: row.try_get("line_offset")?,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn insert_rejudgment(&self, rejudgment: &Rejudgment) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "INSERT INTO rejudgments (operation_id, run_id, attempt_key, admitted_at, predecessor_failure_id, predecessor_sha256, \
+             closed_at, outcome) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (operation_id) DO NOTHING",
+        )
+        .bind(&rejudgment.operation_id)
+        .bind(&rejudgment.run_id)
+        .bind(&rejudgment.attempt_key)
+        .bind(&rejudgment.admitted_at)
+        .bind(&rejudgment.predecessor_failure_id)
+        .bind(&rejudgment.predecessor_sha256)
+        .bind(&rejudgment.closed_at)
+        .bind(&rejudgment.outcome)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Closes an open re-judgment; `false` when it is unknown or already closed.
+    pub async fn close_rejudgment(
+        &self,
+        operation_id: &str,
+        at: &str,
+        outcome: &str,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query("UPDATE rejudgments SET closed_at = $1, outcome = $2 WHERE operation_id = $3 AND closed_at IS NULL")
+            .bind(at)
+            .bind(outcome)
+            .bind(operation_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    pub async fn list_rejudgments(&self, run_id: &str) -> Result<Vec<Rejudgment>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT operation_id, run_id, attempt_key, admitted_at, predecessor_failure_id, predecessor_sha256, closed_at, outcome \
+             FROM rejudgments WHERE run_id = $1 ORDER BY admitted_at, operation_id",
+        )
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Rejudgment {
+                    operation_id: row.try_get("operation_id")?,
+                    run_id: row.try_get("run_id")?,
+                    attempt_key: row.try_get("attempt_key")?,
+                    admitted_at: row.try_get("admitted_at")?,
+                    predecessor_failure_id: row.try_get("predecessor_failure_id")?,
+                    predecessor_sha256: row.try_get("predecessor_sha256")?,
+                    closed_at: row.try_get("closed_at")?,
+                    outcome: row.try_get("outcome")?,
+                })
+            })
+            .collect()
+    }
+
+    // --- leases ----------------------------------------------------------------------------
+
+    /// Takes the run's lease when none is live (none recorded, or expired at `now`); returns the
+    /// lease that holds afterwards, which is `lease` only when it was granted.
+    pub async fn try_acquire_lease(&self, lease: &Lease, now: &str) -> Result<Lease, StoreError> {
+        sqlx::query(
+            "INSERT INTO leases (run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id) DO UPDATE SET lease_id = excluded.lease_id, \
+             holder = excluded.holder, host = excluded.host, pid = excluded.pid, acquired_at = excluded.acquired_at, \
+             renewed_at = excluded.renewed_at, expires_at = excluded.expires_at, replica = excluded.replica \
+             WHERE leases.expires_at <= $10",
+        )
+        .bind(&lease.run_id)
+        .bind(&lease.lease_id)
+        .bind(&lease.holder)
+        .bind(&lease.host)
+        .bind(lease.pid)
+        .bind(&lease.acquired_at)
+        .bind(&lease.renewed_at)
+        .bind(&lease.expires_at)
+        .bind(&lease.replica)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        self.get_lease(&lease.run_id)
+            .await?
+            .ok_or_else(|| StoreError::Database(sqlx::Error::RowNotFound))
+    }
+
+    pub async fn get_lease(&self, run_id: &str) -> Result<Option<Lease>, StoreError> {
+        let row = sqlx::query(
+            "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica FROM leases WHERE run_id = $1",
+        )
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(Self::lease_from_row).transpose()
+    }
+
+    fn lease_from_row(row: &AnyRow) -> Result<Lease, StoreError> {
+        Ok(Lease {
+            run_id: row.try_get("run_id")?,
+            lease_id: row.try_get("lease_id")?,
+            holder: row.try_get("holder")?,
+            host: row.try_get("host")?,
+            pid: row.try_get("pid")?,
+            acquired_at: row.try_get("acquired_at")?,
+            renewed_at: row.try_get("renewed_at")?,
+            expires_at: row.try_get("expires_at")?,
+            replica: row.try_get("replica")?,
+        })
+    }
+
+    /// Extends a live lease held under `lease_id`; `false` when it is not (expired or taken over).
+    pub async fn renew_lease(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+        now: &str,
+        expires_at: &str,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE leases SET renewed_at = $1, expires_at = $2 WHERE run_id = $3 AND lease_id = $4 AND expires_at > $1",
+        )
+        .bind(now)
+        .bind(expires_at)
+        .bind(run_id)
+        .bind(lease_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Ends a lease held under `lease_id`; `false` when it was not held.
+    pub async fn release_lease(&self, run_id: &str, lease_id: &str) -> Result<bool, StoreError> {
+        let result = sqlx::query("DELETE FROM leases WHERE run_id = $1 AND lease_id = $2")
+            .bind(run_id)
+            .bind(lease_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
+    pub async fn replace_lease(&self, lease: &Lease) -> Result<Option<Lease>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let previous = sqlx::query(
+            "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica FROM leases WHERE run_id = $1",
+        )
+        .bind(&lease.run_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let previous = previous.as_ref().map(Self::lease_from_row).transpose()?;
+        sqlx::query("DELETE FROM leases WHERE run_id = $1")
+            .bind(&lease.run_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO leases (run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        )
+        .bind(&lease.run_id)
+        .bind(&lease.lease_id)
+        .bind(&lease.holder)
+        .bind(&lease.host)
+        .bind(lease.pid)
+        .bind(&lease.acquired_at)
+        .bind(&lease.renewed_at)
+        .bind(&lease.expires_at)
+        .bind(&lease.replica)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(previous)
+    }
+
+    /// Leases a replica holds that expired at `now` (the sweeper releases their locks).
+    pub async fn expired_leases(&self, replica: &str, now: &str) -> Result<Vec<Lease>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica FROM leases \
+             WHERE replica = $1 AND expires_at <= $2",
+        )
+        .bind(replica)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(Self::lease_from_row).collect()
+    }
+
+    // --- audit -----------------------------------------------------------------------------
+
+    pub async fn insert_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO audit_log (audit_id, at, actor, action, run_id, details) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (audit_id) DO NOTHING")
+            .bind(&entry.audit_id)
+            .bind(&entry.at)
+            .bind(&entry.actor)
+            .bind(&entry.action)
+            .bind(&entry.run_id)
+            .bind(entry.details.to_string())
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn list_audit(
+        &self,
+        run_id: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut sql =
+            String::from("SELECT audit_id, at, actor, action, run_id, details FROM audit_log");
+        if run_id.is_some() {
+            sql.push_str(" WHERE run_id = $1");
+        }
+        sql.push_str(&format!(
+            " ORDER BY at DESC, audit_id DESC LIMIT {}",
+            limit.clamp(1, 1000)
+        ));
+        let mut query = sqlx::query(&sql);
+        if let Some(run_id) = run_id {
+            query = query.bind(run_id);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(AuditEntry {
+                    audit_id: row.try_get("audit_id")?,
+                    at: row.try_get("at")?,
+                    actor: row.try_get("actor")?,
+                    action: row.try_get("action")?,
+                    run_id: row.try_get("run_id")?,
+                    details: serde_json::from_str(&row.try_get::<String, _>("details")?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Row counts per table (diagnostics and reindex checks).
+    pub async fn counts(&self) -> Result<Vec<(String, i64)>, StoreError> {
+        let mut counts = Vec::new();
+        for table in [
+            "runs",
+            "resume_events",
+            "drift_events",
+            "drift_event_keys",
+            "approvals",
+            "attempt_extensions",
+            "resubmits",
+            "rejudgments",
+            "leases",
+            "audit_log",
+        ] {
+            let row = sqlx::query(&format!("SELECT COUNT(*) AS n FROM {table}"))
+                .fetch_one(&self.pool)
+                .await?;
+            counts.push((table.to_owned(), row.try_get::<i64, _>("n")?));
+        }
+        Ok(counts)
+    }
+}

@@ -1,0 +1,162 @@
+//! The records the store keeps. Ids are those of the sidecar lines they mirror; times are
+//! fixed-width RFC 3339 UTC text.
+
+use serde::{Deserialize, Serialize};
+
+/// A run and the identity its manifest records.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    pub run_id: String,
+    pub output_path: String,
+    pub source_digest: String,
+    pub materialized_digest: String,
+    pub config_digest: String,
+    pub legacy_import: bool,
+    pub identity_overridden: bool,
+    pub max_rollout_attempts: Option<i64>,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+/// One `validate` outcome (refusals included).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeEvent {
+    pub event_id: String,
+    pub run_id: Option<String>,
+    pub output_path: String,
+    pub at: String,
+    /// `reuse`, `resume_with_drift`, `refused`, `no_manifest`, `unreadable`, `overridden`,
+    /// `import_legacy`, `locked`, `invalid`.
+    pub outcome: String,
+    pub message: String,
+    /// Mismatch codes.
+    pub reasons: Vec<String>,
+    pub semantic_keys: Vec<String>,
+    pub operational_keys: Vec<String>,
+    pub saved_config_digest: Option<String>,
+    pub current_config_digest: Option<String>,
+    /// The client name that asked.
+    pub client: Option<String>,
+}
+
+/// One resume that proceeded across operational drift: keys and digests, never values.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriftEvent {
+    pub event_id: String,
+    pub run_id: String,
+    pub at: String,
+    pub saved_config_digest: String,
+    pub current_config_digest: String,
+    pub operational_keys: Vec<String>,
+}
+
+/// A keyset pagination cursor: the (time, id) of the last item seen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cursor {
+    pub at: String,
+    pub id: String,
+}
+
+impl Cursor {
+    /// The opaque text form: `<at>|<id>`.
+    pub fn encode(&self) -> String {
+        format!("{}|{}", self.at, self.id)
+    }
+
+    pub fn decode(text: &str) -> Option<Self> {
+        let (at, id) = text.split_once('|')?;
+        (!at.is_empty() && !id.is_empty()).then(|| Self {
+            at: at.to_owned(),
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// Which drift events to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriftFilter {
+    pub run_id: Option<String>,
+    pub key: Option<String>,
+    /// Inclusive lower bound (RFC 3339).
+    pub from: Option<String>,
+    /// Exclusive upper bound (RFC 3339).
+    pub to: Option<String>,
+    pub after: Option<Cursor>,
+    pub limit: u32,
+}
+
+/// An operator's approval to rerun exactly one masked attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    pub approval_id: String,
+    pub run_id: String,
+    pub at: String,
+    pub by: String,
+    pub reason: String,
+    pub task_index: i64,
+    pub rollout_index: i64,
+    pub attempt_index: i64,
+    pub consumed_by_attempt: Option<i64>,
+    pub revoked_at: Option<String>,
+}
+
+/// Attempts an explicit recovery added to every rollout's cap.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptExtension {
+    pub event_id: String,
+    pub run_id: String,
+    pub at: String,
+    pub by: String,
+    pub reason: String,
+    pub extend_attempts: i64,
+}
+
+/// A resubmit: failures-sidecar lines up to `line_offset` no longer count.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resubmit {
+    pub event_id: String,
+    pub run_id: String,
+    pub at: String,
+    pub by: String,
+    pub line_offset: i64,
+}
+
+/// A judge-only re-judgment, open until its outcome is saved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejudgment {
+    pub operation_id: String,
+    pub run_id: String,
+    pub attempt_key: String,
+    pub admitted_at: String,
+    pub predecessor_failure_id: String,
+    pub predecessor_sha256: String,
+    pub closed_at: Option<String>,
+    pub outcome: Option<String>,
+}
+
+/// Who holds a run, until when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub run_id: String,
+    pub lease_id: String,
+    /// Client-supplied name.
+    pub holder: String,
+    pub host: String,
+    pub pid: i64,
+    pub acquired_at: String,
+    pub renewed_at: String,
+    pub expires_at: String,
+    /// The service replica holding the run's `flock`.
+    pub replica: String,
+}
+
+/// An operator action, audited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub audit_id: String,
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub run_id: Option<String>,
+    pub details: serde_json::Value,
+}

@@ -1,0 +1,530 @@
+//! The one integration-test binary of `recovery-store`: one suite, run against a real SQLite
+//! file and a real PostgreSQL database (127.0.0.1:5432, a fresh database per run, dropped after).
+
+use recovery_store::*;
+use serde_json::json;
+use std::sync::Arc;
+
+/// PostgreSQL server of these machines (trust auth); `RR_TEST_POSTGRES_URL` overrides it.
+fn postgres_admin_url() -> String {
+    std::env::var("RR_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into())
+}
+
+/// A fresh PostgreSQL database for one test, dropped when the guard goes.
+struct PostgresDatabase {
+    admin: sqlx::PgPool,
+    name: String,
+    url: String,
+}
+
+impl PostgresDatabase {
+    async fn create() -> Self {
+        use sqlx::Executor as _;
+        let admin_url = postgres_admin_url();
+        let admin = sqlx::PgPool::connect(&admin_url).await.unwrap_or_else(|e| {
+            panic!("PostgreSQL must be reachable at {admin_url} for the store suite (start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start): {e}")
+        });
+        let name = format!("rr_test_{}", recovery_sidecar::new_id());
+        admin
+            .execute(format!("CREATE DATABASE {name}").as_str())
+            .await
+            .expect("create database");
+        let base = admin_url
+            .rsplit_once('/')
+            .map_or(admin_url.as_str(), |(base, _)| base)
+            .to_owned();
+        Self {
+            admin,
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+
+    async fn drop_database(self) {
+        use sqlx::Executor as _;
+        let _ = self
+            .admin
+            .execute(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name).as_str())
+            .await;
+    }
+}
+
+async fn with_each_backend<F, Fut>(suite: F)
+where
+    F: Fn(Store) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().expect("dir");
+    let sqlite = Store::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("store.db").display()
+    ))
+    .await
+    .expect("sqlite");
+    assert_eq!(sqlite.backend(), Backend::Sqlite);
+    suite(sqlite.clone()).await;
+    sqlite.close().await;
+    let database = PostgresDatabase::create().await;
+    let postgres = Store::connect(&database.url).await.expect("postgres");
+    assert_eq!(postgres.backend(), Backend::Postgres);
+    suite(postgres.clone()).await;
+    postgres.close().await;
+    database.drop_database().await;
+}
+
+fn time(second: u32) -> String {
+    format!("2026-11-29T10:00:{second:02}.000000Z")
+}
+
+fn run(id: &str, output: &str, second: u32) -> RunRecord {
+    RunRecord {
+        run_id: id.into(),
+        output_path: output.into(),
+        source_digest: "s".into(),
+        materialized_digest: "m".into(),
+        config_digest: "c".into(),
+        legacy_import: false,
+        identity_overridden: false,
+        max_rollout_attempts: Some(3),
+        created_at: time(second),
+        updated_at: time(second),
+    }
+}
+
+#[tokio::test]
+async fn runs_are_recorded_found_and_paged() {
+    with_each_backend(|store| async move {
+        store
+            .upsert_run(&run("r1", "/data/a.jsonl", 1))
+            .await
+            .expect("insert");
+        store
+            .upsert_run(&run("r2", "/data/b.jsonl", 2))
+            .await
+            .expect("insert");
+        let mut updated = run("r1", "/data/a.jsonl", 1);
+        updated.identity_overridden = true;
+        updated.updated_at = time(5);
+        store.upsert_run(&updated).await.expect("update");
+        assert_eq!(
+            store.get_run("r1").await.expect("get"),
+            Some(updated.clone())
+        );
+        assert_eq!(
+            store
+                .find_run_by_output("/data/b.jsonl")
+                .await
+                .expect("find")
+                .map(|r| r.run_id),
+            Some("r2".into())
+        );
+        assert_eq!(store.get_run("nope").await.expect("get"), None);
+        let first = store.list_runs(1, None).await.expect("page");
+        assert_eq!(
+            first.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+            ["r2"]
+        );
+        let cursor = Cursor {
+            at: first[0].created_at.clone(),
+            id: first[0].run_id.clone(),
+        };
+        let second = store.list_runs(10, Some(&cursor)).await.expect("page");
+        assert_eq!(
+            second.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+            ["r1"]
+        );
+        store
+            .detach_output("/data/a.jsonl", ".replaced-1")
+            .await
+            .expect("detach");
+        assert_eq!(
+            store
+                .find_run_by_output("/data/a.jsonl")
+                .await
+                .expect("find"),
+            None
+        );
+        assert!(
+            store
+                .get_run("r1")
+                .await
+                .expect("get")
+                .is_some_and(|r| r.output_path == "/data/a.jsonl.replaced-1")
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn resume_and_drift_events_are_idempotent_and_queryable() {
+    with_each_backend(|store| async move {
+        let event = ResumeEvent {
+            event_id: "e1".into(),
+            run_id: Some("r1".into()),
+            output_path: "/data/a.jsonl".into(),
+            at: time(1),
+            outcome: "refused".into(),
+            message: "Cannot resume with incompatible source dataset.".into(),
+            reasons: vec!["source_dataset".into()],
+            semantic_keys: vec![],
+            operational_keys: vec![],
+            saved_config_digest: Some("c".into()),
+            current_config_digest: Some("d".into()),
+            client: Some("collector-1".into()),
+        };
+        assert!(store.insert_resume_event(&event).await.expect("insert"));
+        assert!(
+            !store.insert_resume_event(&event).await.expect("again"),
+            "the same id is recorded once"
+        );
+        assert_eq!(
+            store.list_resume_events("r1", 10).await.expect("list"),
+            vec![event]
+        );
+
+        let drift = |id: &str, run: &str, second: u32, keys: &[&str]| DriftEvent {
+            event_id: id.into(),
+            run_id: run.into(),
+            at: time(second),
+            saved_config_digest: "c".into(),
+            current_config_digest: "d".into(),
+            operational_keys: keys.iter().map(|k| (*k).to_owned()).collect(),
+        };
+        let events = [
+            drift("d1", "r1", 1, &["servers.a.port", "collection.timeout_s"]),
+            drift("d2", "r2", 2, &["collection.timeout_s"]),
+            drift("d3", "r1", 3, &["servers.b.host"]),
+            drift("d4", "r2", 3, &["servers.a.port"]),
+        ];
+        for event in &events {
+            assert!(store.insert_drift_event(event).await.expect("insert"));
+            assert!(!store.insert_drift_event(event).await.expect("replay"));
+        }
+        let ids = |list: Vec<DriftEvent>| list.into_iter().map(|e| e.event_id).collect::<Vec<_>>();
+        let all = DriftFilter {
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&all).await.expect("all")),
+            ["d1", "d2", "d3", "d4"]
+        );
+        let by_run = DriftFilter {
+            run_id: Some("r1".into()),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&by_run).await.expect("run")),
+            ["d1", "d3"]
+        );
+        let by_key = DriftFilter {
+            key: Some("servers.a.port".into()),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&by_key).await.expect("key")),
+            ["d1", "d4"]
+        );
+        let by_time = DriftFilter {
+            from: Some(time(2)),
+            to: Some(time(3)),
+            limit: 100,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&by_time).await.expect("time")),
+            ["d2"]
+        );
+        let page = DriftFilter {
+            limit: 2,
+            ..Default::default()
+        };
+        let first = store.query_drift(&page).await.expect("page 1");
+        let last = first.last().expect("item");
+        let cursor = Cursor::decode(
+            &Cursor {
+                at: last.at.clone(),
+                id: last.event_id.clone(),
+            }
+            .encode(),
+        )
+        .expect("cursor");
+        let next = DriftFilter {
+            after: Some(cursor),
+            limit: 2,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&next).await.expect("page 2")),
+            ["d3", "d4"]
+        );
+        assert_eq!(
+            store.query_drift(&by_key).await.expect("key")[0],
+            events[0],
+            "keys and digests round-trip"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn approvals_extensions_resubmits_and_rejudgments_keep_their_rules() {
+    with_each_backend(|store| async move {
+        let approval = |id: &str, attempt: i64| Approval {
+            approval_id: id.into(),
+            run_id: "r1".into(),
+            at: time(1),
+            by: "operator".into(),
+            reason: "verifier lost the artifact".into(),
+            task_index: 3,
+            rollout_index: 0,
+            attempt_index: attempt,
+            consumed_by_attempt: None,
+            revoked_at: None,
+        };
+        assert!(
+            store
+                .insert_approval(&approval("a1", 1))
+                .await
+                .expect("insert")
+        );
+        assert!(
+            !store
+                .insert_approval(&approval("a1", 1))
+                .await
+                .expect("replay")
+        );
+        assert!(
+            store
+                .insert_approval(&approval("a2", 2))
+                .await
+                .expect("insert")
+        );
+        assert!(store.consume_approval("a1", 2).await.expect("consume"));
+        assert!(
+            !store.revoke_approval("a1", &time(2)).await.expect("revoke"),
+            "a used approval cannot be revoked"
+        );
+        assert!(store.revoke_approval("a2", &time(2)).await.expect("revoke"));
+        assert!(
+            !store.consume_approval("a2", 3).await.expect("consume"),
+            "a revoked approval is never used"
+        );
+        let list = store.list_approvals("r1").await.expect("list");
+        assert_eq!(
+            (list[0].consumed_by_attempt, list[1].revoked_at.as_deref()),
+            (Some(2), Some(time(2).as_str()))
+        );
+
+        let extension = AttemptExtension {
+            event_id: "x1".into(),
+            run_id: "r1".into(),
+            at: time(1),
+            by: "op".into(),
+            reason: "outage".into(),
+            extend_attempts: 2,
+        };
+        assert!(store.insert_extension(&extension).await.expect("insert"));
+        assert!(!store.insert_extension(&extension).await.expect("replay"));
+        assert_eq!(
+            store.list_extensions("r1").await.expect("list"),
+            vec![extension]
+        );
+        let resubmit = Resubmit {
+            event_id: "s1".into(),
+            run_id: "r1".into(),
+            at: time(1),
+            by: "op".into(),
+            line_offset: 12,
+        };
+        assert!(store.insert_resubmit(&resubmit).await.expect("insert"));
+        assert_eq!(
+            store.list_resubmits("r1").await.expect("list"),
+            vec![resubmit]
+        );
+        let rejudgment = Rejudgment {
+            operation_id: "0".repeat(32),
+            run_id: "r1".into(),
+            attempt_key: "3-0-a1".into(),
+            admitted_at: time(1),
+            predecessor_failure_id: "f1".into(),
+            predecessor_sha256: "a".repeat(64),
+            closed_at: None,
+            outcome: None,
+        };
+        assert!(store.insert_rejudgment(&rejudgment).await.expect("insert"));
+        assert!(
+            store
+                .close_rejudgment(&rejudgment.operation_id, &time(4), "graded")
+                .await
+                .expect("close")
+        );
+        assert!(
+            !store
+                .close_rejudgment(&rejudgment.operation_id, &time(5), "graded")
+                .await
+                .expect("close twice")
+        );
+        assert_eq!(
+            store.list_rejudgments("r1").await.expect("list")[0]
+                .outcome
+                .as_deref(),
+            Some("graded")
+        );
+    })
+    .await;
+}
+
+fn lease(id: &str, holder: &str, expires: u32) -> Lease {
+    Lease {
+        run_id: "r1".into(),
+        lease_id: id.into(),
+        holder: holder.into(),
+        host: "node-1".into(),
+        pid: 4242,
+        acquired_at: time(0),
+        renewed_at: time(0),
+        expires_at: time(expires),
+        replica: "replica-a".into(),
+    }
+}
+
+#[tokio::test]
+async fn leases_are_exclusive_until_they_expire_and_takeovers_return_the_previous_holder() {
+    with_each_backend(|store| async move {
+        assert_eq!(
+            store
+                .try_acquire_lease(&lease("l1", "collector-a", 10), &time(0))
+                .await
+                .expect("acquire")
+                .lease_id,
+            "l1"
+        );
+        let contender = store
+            .try_acquire_lease(&lease("l2", "collector-b", 20), &time(5))
+            .await
+            .expect("contend");
+        assert_eq!(
+            (contender.lease_id.as_str(), contender.holder.as_str()),
+            ("l1", "collector-a"),
+            "a live lease is kept"
+        );
+        assert!(
+            store
+                .renew_lease("r1", "l1", &time(6), &time(16))
+                .await
+                .expect("renew")
+        );
+        assert!(
+            !store
+                .renew_lease("r1", "l2", &time(6), &time(16))
+                .await
+                .expect("renew"),
+            "only the holder renews"
+        );
+        assert!(
+            store
+                .expired_leases("replica-a", &time(15))
+                .await
+                .expect("expired")
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .expired_leases("replica-a", &time(16))
+                .await
+                .expect("expired")
+                .len(),
+            1
+        );
+        assert!(
+            !store
+                .renew_lease("r1", "l1", &time(17), &time(27))
+                .await
+                .expect("renew"),
+            "an expired lease cannot be renewed"
+        );
+        let after_expiry = store
+            .try_acquire_lease(&lease("l3", "collector-c", 40), &time(17))
+            .await
+            .expect("acquire");
+        assert_eq!(after_expiry.lease_id, "l3", "expiry frees the run");
+        let previous = store
+            .replace_lease(&lease("l4", "operator-takeover", 50))
+            .await
+            .expect("takeover");
+        assert_eq!(previous.map(|l| l.lease_id), Some("l3".into()));
+        assert!(
+            !store.release_lease("r1", "l3").await.expect("release"),
+            "the replaced holder no longer holds it"
+        );
+        assert!(store.release_lease("r1", "l4").await.expect("release"));
+        assert_eq!(store.get_lease("r1").await.expect("get"), None);
+
+        // Many contenders at once: exactly one lease is granted.
+        let store = Arc::new(store);
+        let barrier = Arc::new(tokio::sync::Barrier::new(64));
+        let tasks: Vec<_> = (0..64)
+            .map(|i| {
+                let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    let mine = lease(&format!("c{i}"), &format!("collector-{i}"), 59);
+                    let holder = store
+                        .try_acquire_lease(&mine, &time(50))
+                        .await
+                        .expect("contend");
+                    holder.lease_id == mine.lease_id
+                })
+            })
+            .collect();
+        let mut granted = 0;
+        for task in tasks {
+            granted += usize::from(task.await.expect("task"));
+        }
+        assert_eq!(granted, 1, "exactly one of 64 contenders holds the lease");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_audit_log_keeps_operator_actions() {
+    with_each_backend(|store| async move {
+        let entry = AuditEntry {
+            audit_id: "u1".into(),
+            at: time(1),
+            actor: "operator".into(),
+            action: "lease.takeover".into(),
+            run_id: Some("r1".into()),
+            details: json!({"previous_holder": "collector-a"}),
+        };
+        store.insert_audit(&entry).await.expect("insert");
+        store
+            .insert_audit(&entry)
+            .await
+            .expect("replay is harmless");
+        assert_eq!(
+            store.list_audit(Some("r1"), 10).await.expect("list"),
+            vec![entry.clone()]
+        );
+        assert_eq!(store.list_audit(None, 10).await.expect("list").len(), 1);
+        let counts = store.counts().await.expect("counts");
+        assert!(counts.contains(&("audit_log".to_owned(), 1)));
+        store.ping().await.expect("ping");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_unsupported_url_is_a_clear_error() {
+    let error = Store::connect("mysql://localhost/x")
+        .await
+        .expect_err("unsupported");
+    assert!(
+        error.to_string().contains("unsupported database URL"),
+        "{error}"
+    );
+}
