@@ -1,0 +1,599 @@
+//! Recording runs and their events, sidecar first and database second, and rebuilding the
+//! database from the sidecars.
+//!
+//! Invariants: a sidecar write is complete and fsynced before the database hears of it, so after
+//! a crash the files are ahead of (never behind) the database; [`Registry::reindex`] replays every
+//! sidecar under the roots and inserts what is missing, idempotently (ids are the sidecar lines'
+//! ids); an unreadable manifest or journal line is reported, never fatal, and never replaced.
+
+use crate::clock::Clock;
+use crate::events::{ApprovalLine, DriftLine, ExtensionLine, resubmit_id};
+use recovery_core::manifest::RunManifest;
+use recovery_sidecar::atomic::AtomicJsonError;
+use recovery_sidecar::{
+    Confinement, PathError, SidecarPaths, append_line, atomic_write_json, read_lines,
+};
+use recovery_store::{
+    Approval, AttemptExtension, DriftEvent, Rejudgment, Resubmit, RunRecord, Store, StoreError,
+};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Why a registry operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error(transparent)]
+    Path(#[from] PathError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Json(#[from] AtomicJsonError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("background file work failed: {0}")]
+    Join(String),
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RegistryError {
+    let context = context.into();
+    move |source| RegistryError::Io { context, source }
+}
+
+/// What a reindex found and inserted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ReindexReport {
+    pub manifests: usize,
+    pub runs: usize,
+    pub drift_inserted: usize,
+    pub approvals_inserted: usize,
+    pub extensions_inserted: usize,
+    pub resubmits_inserted: usize,
+    pub rejudgments_inserted: usize,
+    /// Files or lines that could not be read (path and reason).
+    pub unreadable: Vec<(String, String)>,
+}
+
+impl ReindexReport {
+    fn absorb(&mut self, other: ReindexReport) {
+        self.manifests += other.manifests;
+        self.runs += other.runs;
+        self.drift_inserted += other.drift_inserted;
+        self.approvals_inserted += other.approvals_inserted;
+        self.extensions_inserted += other.extensions_inserted;
+        self.resubmits_inserted += other.resubmits_inserted;
+        self.rejudgments_inserted += other.rejudgments_inserted;
+        self.unreadable.extend(other.unreadable);
+    }
+}
+
+/// Runs on disk and in the database.
+#[derive(Debug, Clone)]
+pub struct Registry {
+    store: Store,
+    confinement: Confinement,
+    clock: Arc<dyn Clock>,
+}
+
+/// Runs blocking file work off the async executor.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, RegistryError> + Send + 'static,
+) -> Result<T, RegistryError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| RegistryError::Join(e.to_string()))?
+}
+
+fn run_record(
+    manifest: &RunManifest,
+    output: &Path,
+    created_at: &str,
+    updated_at: &str,
+) -> RunRecord {
+    RunRecord {
+        run_id: manifest.run_id.clone(),
+        output_path: output.display().to_string(),
+        source_digest: manifest.source_digest.clone(),
+        materialized_digest: manifest.materialized_digest.clone(),
+        config_digest: manifest.config_digest.clone(),
+        legacy_import: manifest.legacy_import,
+        identity_overridden: manifest.identity_overridden,
+        max_rollout_attempts: manifest
+            .max_rollout_attempts
+            .and_then(|n| i64::try_from(n).ok()),
+        created_at: created_at.to_owned(),
+        updated_at: updated_at.to_owned(),
+    }
+}
+
+impl Registry {
+    pub fn new(store: Store, confinement: Confinement, clock: Arc<dyn Clock>) -> Self {
+        Self {
+            store,
+            confinement,
+            clock,
+        }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn confinement(&self) -> &Confinement {
+        &self.confinement
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// The companions of a requested output path, confined under the roots.
+    pub fn paths_for(&self, output: &Path) -> Result<SidecarPaths, RegistryError> {
+        Ok(SidecarPaths::for_output(&self.confinement.resolve(output)?))
+    }
+
+    /// Publishes the saved identity (when given) and then the manifest, each atomically, then
+    /// records the run.
+    pub async fn write_manifest(
+        &self,
+        paths: &SidecarPaths,
+        manifest: &RunManifest,
+        identity: Option<&Value>,
+    ) -> Result<RunRecord, RegistryError> {
+        let (manifest_path, identity_path) = (paths.manifest.clone(), paths.identity.clone());
+        let (value, identity) = (manifest.to_value(), identity.cloned());
+        blocking(move || {
+            if let Some(parent) = manifest_path.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io(format!("creating {}", parent.display())))?;
+            }
+            if let Some(identity) = identity {
+                atomic_write_json(&identity_path, &identity, None)?;
+            }
+            atomic_write_json(&manifest_path, &value, None)?;
+            Ok(())
+        })
+        .await?;
+        let now = self.clock.now_text();
+        let created = match self.store.get_run(&manifest.run_id).await? {
+            Some(existing) => existing.created_at,
+            None => now.clone(),
+        };
+        let record = run_record(manifest, &paths.output, &created, &now);
+        self.store.upsert_run(&record).await?;
+        Ok(record)
+    }
+
+    /// Journals a resume across operational drift (keys and digests, never values).
+    pub async fn record_drift(
+        &self,
+        paths: &SidecarPaths,
+        manifest: &RunManifest,
+        current_config_digest: &str,
+        operational_keys: &[String],
+    ) -> Result<DriftEvent, RegistryError> {
+        let mut keys = operational_keys.to_vec();
+        keys.sort();
+        let line = DriftLine {
+            id: recovery_sidecar::new_id(),
+            at: self.clock.now_text(),
+            run_id: manifest.run_id.clone(),
+            saved_config_digest: manifest.config_digest.clone(),
+            current_config_digest: current_config_digest.to_owned(),
+            operational_keys: keys,
+        };
+        append_json_line(&paths.resume_drift, &line).await?;
+        let event = drift_event(line);
+        self.store.insert_drift_event(&event).await?;
+        Ok(event)
+    }
+
+    /// Journals an operator's approval to rerun exactly one masked attempt.
+    pub async fn record_approval(
+        &self,
+        paths: &SidecarPaths,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+        (task_index, rollout_index, attempt_index): (i64, i64, i64),
+    ) -> Result<Approval, RegistryError> {
+        let line = ApprovalLine {
+            approval_id: recovery_sidecar::new_id(),
+            at: self.clock.now_text(),
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            task_index,
+            rollout_index,
+            attempt_index,
+        };
+        append_json_line(&paths.rerun_masked, &line).await?;
+        let approval = approval_record(run_id, line);
+        self.store.insert_approval(&approval).await?;
+        Ok(approval)
+    }
+
+    /// Revokes an unused approval: the journal is rewritten without its line (atomically, so
+    /// file-based readers stop honouring it too), then the database records the revocation.
+    pub async fn revoke_approval(
+        &self,
+        paths: &SidecarPaths,
+        approval_id: &str,
+    ) -> Result<bool, RegistryError> {
+        let journal = paths.rerun_masked.clone();
+        let id = approval_id.to_owned();
+        let removed = blocking(move || {
+            let lines =
+                read_lines(&journal).map_err(io(format!("reading {}", journal.display())))?;
+            let mut kept = Vec::with_capacity(lines.len());
+            let mut removed = false;
+            for line in lines {
+                let is_target = serde_json::from_slice::<ApprovalLine>(&line)
+                    .is_ok_and(|a| a.approval_id == id);
+                removed |= is_target;
+                if !is_target {
+                    kept.extend_from_slice(&line);
+                    kept.push(b'\n');
+                }
+            }
+            if removed {
+                recovery_sidecar::atomic_write(&journal, &kept, None)
+                    .map_err(io(format!("rewriting {}", journal.display())))?;
+            }
+            Ok(removed)
+        })
+        .await?;
+        let revoked = self
+            .store
+            .revoke_approval(approval_id, &self.clock.now_text())
+            .await?;
+        Ok(removed || revoked)
+    }
+
+    /// Journals attempts added to every rollout's cap.
+    pub async fn record_extension(
+        &self,
+        paths: &SidecarPaths,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+        extend_attempts: i64,
+    ) -> Result<AttemptExtension, RegistryError> {
+        let line = ExtensionLine {
+            id: recovery_sidecar::new_id(),
+            at: self.clock.now_text(),
+            extend_attempts,
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        };
+        append_json_line(&paths.attempt_extension, &line).await?;
+        let extension = extension_record(run_id, line);
+        self.store.insert_extension(&extension).await?;
+        Ok(extension)
+    }
+
+    /// Resets the failure budget: records the failures sidecar's current line count (after
+    /// repairing a torn tail, which must not count) as the new offset.
+    pub async fn record_resubmit(
+        &self,
+        paths: &SidecarPaths,
+        run_id: &str,
+        by: &str,
+    ) -> Result<Resubmit, RegistryError> {
+        let (failures, offsets) = (paths.failures.clone(), paths.resubmit_offset.clone());
+        let (offset, line_number) = blocking(move || {
+            recovery_sidecar::prepare_append(&failures)
+                .map_err(io(format!("repairing {}", failures.display())))?;
+            let count = read_lines(&failures)
+                .map_err(io(format!("reading {}", failures.display())))?
+                .len();
+            append_line(&offsets, count.to_string().as_bytes())
+                .map_err(io(format!("appending to {}", offsets.display())))?;
+            let line_number = read_lines(&offsets)
+                .map_err(io(format!("reading {}", offsets.display())))?
+                .len();
+            Ok((count as i64, line_number))
+        })
+        .await?;
+        let resubmit = Resubmit {
+            event_id: resubmit_id(run_id, line_number),
+            run_id: run_id.to_owned(),
+            at: self.clock.now_text(),
+            by: by.to_owned(),
+            line_offset: offset,
+        };
+        self.store.insert_resubmit(&resubmit).await?;
+        Ok(resubmit)
+    }
+
+    /// Records a re-judgment admitted in the manifest (the manifest is the sidecar record).
+    pub async fn record_rejudgment(&self, rejudgment: &Rejudgment) -> Result<bool, RegistryError> {
+        Ok(self.store.insert_rejudgment(rejudgment).await?)
+    }
+
+    /// Brings the database up to date with every sidecar under the roots.
+    pub async fn reindex(&self) -> Result<ReindexReport, RegistryError> {
+        let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
+        let manifests = blocking(move || Ok(find_manifests(&roots))).await?;
+        let mut report = ReindexReport::default();
+        for manifest_path in manifests {
+            report.absorb(self.reindex_manifest(&manifest_path).await?);
+        }
+        Ok(report)
+    }
+
+    /// Reindexes one run from its manifest path.
+    pub async fn reindex_manifest(
+        &self,
+        manifest_path: &Path,
+    ) -> Result<ReindexReport, RegistryError> {
+        let mut report = ReindexReport {
+            manifests: 1,
+            ..Default::default()
+        };
+        let output = output_for_manifest(manifest_path);
+        let paths = SidecarPaths::for_output(&output);
+        let read_path = manifest_path.to_owned();
+        let bytes = blocking(move || {
+            std::fs::read(&read_path).map_err(io(format!("reading {}", read_path.display())))
+        })
+        .await;
+        let manifest = match bytes.map(|b| RunManifest::from_json_bytes(&b)) {
+            Ok(Ok(manifest)) => manifest,
+            Ok(Err(e)) => {
+                report
+                    .unreadable
+                    .push((manifest_path.display().to_string(), e.to_string()));
+                return Ok(report);
+            }
+            Err(e) => {
+                report
+                    .unreadable
+                    .push((manifest_path.display().to_string(), e.to_string()));
+                return Ok(report);
+            }
+        };
+        let now = self.clock.now_text();
+        let created = match self.store.get_run(&manifest.run_id).await? {
+            Some(existing) => existing.created_at,
+            None => {
+                report.runs += 1;
+                now.clone()
+            }
+        };
+        let known_output = self
+            .store
+            .get_run(&manifest.run_id)
+            .await?
+            .map(|r| r.output_path);
+        let output_text = known_output.unwrap_or_else(|| output.display().to_string());
+        self.store
+            .upsert_run(&run_record(
+                &manifest,
+                Path::new(&output_text),
+                &created,
+                &now,
+            ))
+            .await?;
+
+        let run_id = manifest.run_id.clone();
+        let journals = (
+            paths.resume_drift.clone(),
+            paths.rerun_masked.clone(),
+            paths.attempt_extension.clone(),
+            paths.resubmit_offset.clone(),
+        );
+        let (drift, approvals, extensions, offsets) = blocking(move || {
+            let read = |path: &PathBuf| {
+                read_lines(path).map_err(io(format!("reading {}", path.display())))
+            };
+            Ok((
+                read(&journals.0)?,
+                read(&journals.1)?,
+                read(&journals.2)?,
+                read(&journals.3)?,
+            ))
+        })
+        .await?;
+        for (number, line) in drift.iter().enumerate() {
+            match serde_json::from_slice::<DriftLine>(line) {
+                Ok(line) => {
+                    report.drift_inserted +=
+                        usize::from(self.store.insert_drift_event(&drift_event(line)).await?)
+                }
+                Err(e) => report.unreadable.push((
+                    format!("{}:{}", paths.resume_drift.display(), number + 1),
+                    e.to_string(),
+                )),
+            }
+        }
+        for (number, line) in approvals.iter().enumerate() {
+            match serde_json::from_slice::<ApprovalLine>(line) {
+                Ok(line) => {
+                    report.approvals_inserted += usize::from(
+                        self.store
+                            .insert_approval(&approval_record(&run_id, line))
+                            .await?,
+                    )
+                }
+                // An unreadable approval approves nothing.
+                Err(e) => report.unreadable.push((
+                    format!("{}:{}", paths.rerun_masked.display(), number + 1),
+                    e.to_string(),
+                )),
+            }
+        }
+        for (number, line) in extensions.iter().enumerate() {
+            match serde_json::from_slice::<ExtensionLine>(line) {
+                Ok(line) => {
+                    report.extensions_inserted += usize::from(
+                        self.store
+                            .insert_extension(&extension_record(&run_id, line))
+                            .await?,
+                    )
+                }
+                Err(e) => report.unreadable.push((
+                    format!("{}:{}", paths.attempt_extension.display(), number + 1),
+                    e.to_string(),
+                )),
+            }
+        }
+        for (number, line) in offsets.iter().enumerate() {
+            match std::str::from_utf8(line)
+                .ok()
+                .and_then(|t| t.trim().parse::<i64>().ok())
+            {
+                Some(offset) => {
+                    let resubmit = Resubmit {
+                        event_id: resubmit_id(&run_id, number + 1),
+                        run_id: run_id.clone(),
+                        at: now.clone(),
+                        by: "reindex".into(),
+                        line_offset: offset,
+                    };
+                    report.resubmits_inserted +=
+                        usize::from(self.store.insert_resubmit(&resubmit).await?);
+                }
+                None => report.unreadable.push((
+                    format!("{}:{}", paths.resubmit_offset.display(), number + 1),
+                    "not a line count".into(),
+                )),
+            }
+        }
+        for (attempt_key, pending) in &manifest.pending_rejudge {
+            let rejudgment = Rejudgment {
+                operation_id: pending.operation_id.clone(),
+                run_id: run_id.clone(),
+                attempt_key: attempt_key.clone(),
+                admitted_at: unix_to_text(pending.admitted_at),
+                predecessor_failure_id: pending.predecessor_failure_id.clone(),
+                predecessor_sha256: pending.predecessor_sha256.clone(),
+                closed_at: None,
+                outcome: None,
+            };
+            report.rejudgments_inserted +=
+                usize::from(self.store.insert_rejudgment(&rejudgment).await?);
+        }
+        Ok(report)
+    }
+}
+
+/// Unix seconds as fixed-width RFC 3339 text.
+pub fn unix_to_text(seconds: f64) -> String {
+    let nanos = (seconds * 1e9) as i128;
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .map(recovery_sidecar::format_rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00.000000Z".into())
+}
+
+async fn append_json_line<T: serde::Serialize>(path: &Path, line: &T) -> Result<(), RegistryError> {
+    let bytes = serde_json::to_vec(line).map_err(|e| RegistryError::Io {
+        context: "serialising a journal line".into(),
+        source: e.into(),
+    })?;
+    let path = path.to_owned();
+    blocking(move || {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(io(format!("creating {}", parent.display())))?;
+        }
+        append_line(&path, &bytes).map_err(io(format!("appending to {}", path.display())))?;
+        Ok(())
+    })
+    .await
+}
+
+fn drift_event(line: DriftLine) -> DriftEvent {
+    DriftEvent {
+        event_id: line.id,
+        run_id: line.run_id,
+        at: line.at,
+        saved_config_digest: line.saved_config_digest,
+        current_config_digest: line.current_config_digest,
+        operational_keys: line.operational_keys,
+    }
+}
+
+fn approval_record(run_id: &str, line: ApprovalLine) -> Approval {
+    Approval {
+        approval_id: line.approval_id,
+        run_id: run_id.to_owned(),
+        at: line.at,
+        by: line.by,
+        reason: line.reason,
+        task_index: line.task_index,
+        rollout_index: line.rollout_index,
+        attempt_index: line.attempt_index,
+        consumed_by_attempt: None,
+        revoked_at: None,
+    }
+}
+
+fn extension_record(run_id: &str, line: ExtensionLine) -> AttemptExtension {
+    AttemptExtension {
+        event_id: line.id,
+        run_id: run_id.to_owned(),
+        at: line.at,
+        by: line.by,
+        reason: line.reason,
+        extend_attempts: line.extend_attempts,
+    }
+}
+
+/// Every `*_manifest.json` under the roots (symlinks not followed, hidden temporaries skipped).
+fn find_manifests(roots: &[PathBuf]) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for root in roots {
+        for entry in walkdir::WalkDir::new(root)
+            .follow_links(false)
+            .into_iter()
+            .filter_map(Result::ok)
+        {
+            let name = entry.file_name().to_string_lossy();
+            if entry.file_type().is_file()
+                && name.ends_with("_manifest.json")
+                && !name.starts_with('.')
+            {
+                found.push(entry.into_path());
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The output a manifest belongs to: `<stem>.jsonl` when present, else another file with that
+/// stem that is not a companion, else `<stem>.jsonl`.
+pub fn output_for_manifest(manifest: &Path) -> PathBuf {
+    let name = manifest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let stem = name
+        .strip_suffix("_manifest.json")
+        .unwrap_or(&name)
+        .to_owned();
+    let default = manifest.with_file_name(format!("{stem}.jsonl"));
+    if default.exists() {
+        return default;
+    }
+    let directory = manifest.parent().map(Path::to_owned).unwrap_or_default();
+    let candidate = std::fs::read_dir(&directory).ok().and_then(|entries| {
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|path| {
+                let file = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                file.strip_prefix(&stem).is_some_and(|rest| {
+                    rest.starts_with('.') && rest.matches('.').count() == 1 && !rest.contains('_')
+                })
+            })
+    });
+    candidate.unwrap_or(default)
+}

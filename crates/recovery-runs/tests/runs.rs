@@ -1,0 +1,560 @@
+//! The one integration-test binary of `recovery-runs`: SIGKILL crash safety of sidecar-first
+//! writes, reindex, and flock-backed leases (contention, expiry, takeover, Python interop).
+
+use recovery_core::manifest::RunManifest;
+use recovery_runs::{
+    DriftLine, LeaseError, LeaseRequest, Leases, ManualClock, Registry, SystemClock,
+};
+use recovery_sidecar::{Confinement, read_lines};
+use recovery_store::{DriftFilter, Store};
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+async fn sqlite_store(dir: &Path) -> Store {
+    Store::connect(&format!("sqlite://{}", dir.join("store.db").display()))
+        .await
+        .expect("store")
+}
+
+fn drift_ids(path: &Path) -> Vec<String> {
+    read_lines(path)
+        .expect("journal")
+        .iter()
+        .map(|line| {
+            serde_json::from_slice::<DriftLine>(line)
+                .expect("every complete journal line is a drift line")
+                .id
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_lines() {
+    let root = tempfile::tempdir().expect("root");
+    let db_dir = tempfile::tempdir().expect("db");
+    let database = format!("sqlite://{}", db_dir.path().join("store.db").display());
+    // Create the schema once so that children start writing at once.
+    drop(Store::connect(&database).await.expect("store"));
+    let paths = recovery_sidecar::SidecarPaths::for_output(
+        &std::fs::canonicalize(root.path())
+            .expect("root")
+            .join("runs/out.jsonl"),
+    );
+    let mut acked: Vec<String> = Vec::new();
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_nanos() as u64
+        | 1;
+    let mut kills = 0;
+    for iteration in 0..40u64 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_crash-writer"))
+            .arg(root.path())
+            .arg(&database)
+            .arg((iteration * 100_000).to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("crash writer");
+        let stdout = child.stdout.take().expect("stdout");
+        let reader = std::thread::spawn(move || {
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .collect::<Vec<_>>()
+        });
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        std::thread::sleep(Duration::from_millis(30 + seed % 120));
+        child.kill().expect("SIGKILL");
+        let status = child.wait().expect("reaped");
+        kills += u32::from(status.code().is_none());
+        for line in reader.join().expect("reader") {
+            if let Some(id) = line.strip_prefix("ack ") {
+                acked.push(id.to_owned());
+            }
+        }
+        // Every file is a complete old or new version.
+        if paths.manifest.exists() {
+            let manifest =
+                RunManifest::from_json_bytes(&std::fs::read(&paths.manifest).expect("manifest"))
+                    .expect("a complete manifest");
+            assert!(manifest.config_digest.starts_with("config-"));
+        }
+        if paths.identity.exists() {
+            let identity: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&paths.identity).expect("identity"))
+                    .expect("a complete identity");
+            assert!(identity["collection"]["generation"].is_u64());
+        }
+        // No acknowledged journal line is lost.
+        let present: BTreeSet<String> = drift_ids(&paths.resume_drift).into_iter().collect();
+        for id in &acked {
+            assert!(
+                present.contains(id),
+                "acknowledged drift line {id} was lost (iteration {iteration})"
+            );
+        }
+    }
+    assert!(
+        kills >= 30,
+        "the children were killed by a signal ({kills} of 40)"
+    );
+    assert!(
+        acked.len() > 40,
+        "the writers made progress between kills ({} acknowledged)",
+        acked.len()
+    );
+
+    let store = Store::connect(&database).await.expect("store");
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new([root.path().to_owned()]).expect("root"),
+        Arc::new(SystemClock),
+    );
+    let report = registry.reindex().await.expect("reindex");
+    assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
+    let journal = drift_ids(&paths.resume_drift);
+    let unique: BTreeSet<&String> = journal.iter().collect();
+    assert_eq!(
+        unique.len(),
+        journal.len(),
+        "no journal line is written twice"
+    );
+    let in_database: Vec<String> = store
+        .query_drift(&DriftFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("drift")
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    let in_database_set: BTreeSet<&String> = in_database.iter().collect();
+    assert_eq!(
+        in_database.len(),
+        in_database_set.len(),
+        "no duplicate rows"
+    );
+    assert_eq!(
+        in_database_set, unique,
+        "after reindex the database matches the sidecar exactly"
+    );
+    let again = registry.reindex().await.expect("reindex twice");
+    assert_eq!(again.drift_inserted, 0, "reindex is idempotent");
+    let manifest = RunManifest::from_json_bytes(&std::fs::read(&paths.manifest).expect("manifest"))
+        .expect("manifest");
+    let run = store
+        .get_run(&manifest.run_id)
+        .await
+        .expect("run")
+        .expect("the run is recorded");
+    assert_eq!(
+        run.config_digest, manifest.config_digest,
+        "the run row follows the manifest on disk"
+    );
+}
+
+#[tokio::test]
+async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new([root.path().to_owned()]).expect("root"),
+        Arc::new(SystemClock),
+    );
+    let paths = registry
+        .paths_for(&root.path().join("a/out.jsonl"))
+        .expect("paths");
+    let manifest = RunManifest::create("ab".repeat(16), "s", "m", "c", Some(3));
+    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
+    recovery_sidecar::atomic_write_json(&paths.manifest, &manifest.to_value(), None)
+        .expect("manifest only");
+    let sidecar_only = DriftLine {
+        id: "d-sidecar-only".into(),
+        at: "2026-11-29T10:00:00.000000Z".into(),
+        run_id: manifest.run_id.clone(),
+        saved_config_digest: "c".into(),
+        current_config_digest: "d".into(),
+        operational_keys: vec!["collection.timeout_s".into()],
+    };
+    recovery_sidecar::append_line(
+        &paths.resume_drift,
+        &serde_json::to_vec(&sidecar_only).expect("json"),
+    )
+    .expect("append");
+    recovery_sidecar::append_line(&paths.rerun_masked, br#"{"approval_id":"a1","at":"t","by":"op","reason":"r","task_index":3,"rollout_index":0,"attempt_index":1}"#).expect("append");
+    recovery_sidecar::append_line(&paths.rerun_masked, b"not json").expect("append");
+    recovery_sidecar::append_line(
+        &paths.attempt_extension,
+        br#"{"id":"x1","at":"t","extend_attempts":2,"by":"op","reason":"r"}"#,
+    )
+    .expect("append");
+    recovery_sidecar::append_line(&paths.resubmit_offset, b"7").expect("append");
+    let report = registry.reindex().await.expect("reindex");
+    assert_eq!(
+        (
+            report.manifests,
+            report.runs,
+            report.drift_inserted,
+            report.approvals_inserted,
+            report.extensions_inserted,
+            report.resubmits_inserted
+        ),
+        (1, 1, 1, 1, 1, 1)
+    );
+    assert_eq!(
+        report.unreadable.len(),
+        1,
+        "the unreadable approval line is reported, and approves nothing"
+    );
+    assert_eq!(
+        store
+            .list_approvals(&manifest.run_id)
+            .await
+            .expect("approvals")
+            .len(),
+        1
+    );
+    assert_eq!(
+        store
+            .list_resubmits(&manifest.run_id)
+            .await
+            .expect("resubmits")[0]
+            .line_offset,
+        7
+    );
+    let again = registry.reindex().await.expect("again");
+    assert_eq!(
+        (again.runs, again.drift_inserted, again.approvals_inserted),
+        (0, 0, 0)
+    );
+    let run = store
+        .get_run(&manifest.run_id)
+        .await
+        .expect("run")
+        .expect("recorded");
+    assert!(
+        run.output_path.ends_with("a/out.jsonl"),
+        "{}",
+        run.output_path
+    );
+}
+
+#[tokio::test]
+async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_journal() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new([root.path().to_owned()]).expect("root"),
+        Arc::new(SystemClock),
+    );
+    let paths = registry
+        .paths_for(&root.path().join("b/out.jsonl"))
+        .expect("paths");
+    let manifest = RunManifest::create("cd".repeat(16), "s", "m", "c", Some(3));
+    registry
+        .write_manifest(
+            &paths,
+            &manifest,
+            Some(&serde_json::json!({"collection": {}, "servers": {}, "token_id_capture": {}})),
+        )
+        .await
+        .expect("write");
+    assert!(paths.identity.exists() && paths.manifest.exists());
+    let drift = registry
+        .record_drift(
+            &paths,
+            &manifest,
+            "d",
+            &["b.timeout".into(), "a.port".into()],
+        )
+        .await
+        .expect("drift");
+    assert_eq!(
+        drift.operational_keys,
+        ["a.port", "b.timeout"],
+        "keys are sorted"
+    );
+    let line = std::fs::read_to_string(&paths.resume_drift).expect("journal");
+    assert!(
+        line.contains(&drift.event_id) && !line.contains("value"),
+        "{line}"
+    );
+    let first = registry
+        .record_approval(&paths, &manifest.run_id, "op", "lost artifact", (3, 0, 1))
+        .await
+        .expect("approval");
+    let second = registry
+        .record_approval(&paths, &manifest.run_id, "op", "lost artifact", (4, 0, 2))
+        .await
+        .expect("approval");
+    let approvals = recovery_core::journals::rerun_masked_approvals(
+        std::fs::File::open(&paths.rerun_masked).expect("journal"),
+    );
+    assert_eq!(
+        approvals,
+        BTreeSet::from([(3, 0, 1), (4, 0, 2)]),
+        "the core reads what the registry writes"
+    );
+    assert!(
+        registry
+            .revoke_approval(&paths, &first.approval_id)
+            .await
+            .expect("revoke")
+    );
+    let approvals = recovery_core::journals::rerun_masked_approvals(
+        std::fs::File::open(&paths.rerun_masked).expect("journal"),
+    );
+    assert_eq!(
+        approvals,
+        BTreeSet::from([(4, 0, 2)]),
+        "a revoked approval no longer approves anything"
+    );
+    assert!(
+        store
+            .list_approvals(&manifest.run_id)
+            .await
+            .expect("list")
+            .iter()
+            .any(|a| a.approval_id == first.approval_id && a.revoked_at.is_some())
+    );
+    let _ = second;
+    registry
+        .record_extension(&paths, &manifest.run_id, "op", "outage", 2)
+        .await
+        .expect("extension");
+    let extension = recovery_core::journals::attempt_extension(
+        std::fs::File::open(&paths.attempt_extension).expect("journal"),
+        "x",
+    )
+    .expect("sum");
+    assert_eq!(extension, 2);
+    std::fs::write(&paths.failures, b"{\"a\":1}\n{\"b\":2}\n{\"torn\":").expect("failures");
+    let resubmit = registry
+        .record_resubmit(&paths, &manifest.run_id, "op")
+        .await
+        .expect("resubmit");
+    assert_eq!(
+        resubmit.line_offset, 2,
+        "a torn tail is repaired away and never counted"
+    );
+    let offset = recovery_core::journals::resubmit_offset(
+        std::fs::File::open(&paths.resubmit_offset).expect("file"),
+        "x",
+    )
+    .expect("offset");
+    assert_eq!(offset, 2);
+    assert!(
+        registry.paths_for(Path::new("/etc/out.jsonl")).is_err(),
+        "outputs stay under the roots"
+    );
+}
+
+fn request(root: &Path, holder: &str, ttl_seconds: i64) -> LeaseRequest {
+    LeaseRequest {
+        run_id: "run-1".into(),
+        holder: holder.into(),
+        host: "node-1".into(),
+        pid: 4242,
+        ttl: time::Duration::seconds(ttl_seconds),
+        lock_paths: vec![root.join("out_run.lock")],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_hold_the_run_lock_exclusively_until_released_expired_or_taken_over() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let clock = Arc::new(ManualClock::new(time::OffsetDateTime::now_utc()));
+    let leases = Leases::new(store.clone(), clock.clone(), "replica-a");
+    let first = leases
+        .acquire(&request(root.path(), "collector-a", 30))
+        .await
+        .expect("first");
+    match leases
+        .acquire(&request(root.path(), "collector-b", 30))
+        .await
+    {
+        Err(LeaseError::Held(holder)) => {
+            assert_eq!((holder.holder.as_str(), holder.pid), ("collector-a", 4242))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Another replica (another open file) cannot take the lock either.
+    let other_replica = Leases::new(store.clone(), clock.clone(), "replica-b");
+    assert!(matches!(
+        other_replica
+            .acquire(&request(root.path(), "collector-c", 30))
+            .await,
+        Err(LeaseError::Locked(_))
+    ));
+    clock.advance(time::Duration::seconds(20));
+    leases
+        .heartbeat("run-1", &first.lease_id, time::Duration::seconds(30))
+        .await
+        .expect("heartbeat");
+    clock.advance(time::Duration::seconds(25));
+    assert!(
+        leases.sweep().await.expect("sweep").is_empty(),
+        "a renewed lease is live"
+    );
+    clock.advance(time::Duration::seconds(10));
+    let expired = leases.sweep().await.expect("sweep");
+    assert_eq!(expired.len(), 1, "the lease expired");
+    assert!(matches!(
+        leases
+            .heartbeat("run-1", &first.lease_id, time::Duration::seconds(30))
+            .await,
+        Err(LeaseError::NotHolder { .. })
+    ));
+    let second = other_replica
+        .acquire(&request(root.path(), "collector-c", 30))
+        .await
+        .expect("expiry freed the run and its lock");
+    let audit = store.list_audit(Some("run-1"), 10).await.expect("audit");
+    assert!(audit.iter().any(|a| a.action == "lease.expired"));
+    // An operator takes the run over on the replica that holds it: audited.
+    let (taken, previous) = other_replica
+        .takeover(
+            "alice",
+            "collector hung",
+            &request(root.path(), "collector-d", 30),
+        )
+        .await
+        .expect("takeover");
+    assert_eq!(previous.map(|p| p.lease_id), Some(second.lease_id.clone()));
+    assert!(matches!(
+        other_replica
+            .heartbeat("run-1", &second.lease_id, time::Duration::seconds(30))
+            .await,
+        Err(LeaseError::NotHolder { .. })
+    ));
+    let audit = store.list_audit(Some("run-1"), 10).await.expect("audit");
+    let entry = audit
+        .iter()
+        .find(|a| a.action == "lease.takeover")
+        .expect("takeover audited");
+    assert_eq!(
+        (
+            entry.actor.as_str(),
+            entry.details["previous_holder"].as_str()
+        ),
+        ("alice", Some("collector-c"))
+    );
+    other_replica
+        .release("run-1", &taken.lease_id)
+        .await
+        .expect("release");
+    assert!(
+        leases
+            .acquire(&request(root.path(), "collector-e", 30))
+            .await
+            .is_ok(),
+        "released runs are free"
+    );
+    assert_eq!(leases.release_all().await.expect("shutdown"), 1);
+    assert_eq!(
+        store.get_lease("run-1").await.expect("lease"),
+        None,
+        "shutdown releases leases"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_acquirers_of_one_run_get_exactly_one_lease() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let clock: Arc<SystemClock> = Arc::new(SystemClock);
+    let replicas: Vec<Leases> = (0..4)
+        .map(|r| Leases::new(store.clone(), clock.clone(), format!("replica-{r}")))
+        .collect();
+    let barrier = Arc::new(tokio::sync::Barrier::new(64));
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let leases = replicas[i % 4].clone();
+            let barrier = Arc::clone(&barrier);
+            let request = request(root.path(), &format!("collector-{i}"), 60);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                leases.acquire(&request).await.is_ok()
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        granted += usize::from(task.await.expect("task"));
+    }
+    assert_eq!(granted, 1, "exactly one of 64 acquirers holds the run");
+}
+
+const PYTHON_HOLDER: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n";
+const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
+
+#[tokio::test]
+async fn a_python_collector_holding_the_lock_refuses_a_lease_and_a_lease_refuses_python() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let leases = Leases::new(store, Arc::new(SystemClock), "replica-a");
+    let lock_path = root.path().join("out_run.lock");
+    let mut python = Command::new("python3")
+        .args(["-c", PYTHON_HOLDER])
+        .arg(&lock_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(python.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    assert_eq!(line.trim(), "locked");
+    let error = leases
+        .acquire(&request(root.path(), "collector-a", 30))
+        .await
+        .expect_err("Python owns it");
+    let text = error.to_string();
+    assert!(
+        text.contains("Another collector owns this run")
+            && text.contains(&lock_path.display().to_string()),
+        "{text}"
+    );
+    drop(python.stdin.take());
+    python.wait().expect("python exits");
+    let lease = leases
+        .acquire(&request(root.path(), "collector-a", 30))
+        .await
+        .expect("free");
+    let probe = Command::new("python3")
+        .args(["-c", PYTHON_PROBE])
+        .arg(&lock_path)
+        .output()
+        .expect("python3");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "blocked",
+        "a live lease blocks Python's flock"
+    );
+    leases
+        .release("run-1", &lease.lease_id)
+        .await
+        .expect("release");
+    let probe = Command::new("python3")
+        .args(["-c", PYTHON_PROBE])
+        .arg(&lock_path)
+        .output()
+        .expect("python3");
+    assert_eq!(
+        String::from_utf8_lossy(&probe.stdout).trim(),
+        "acquired",
+        "a released lease frees the flock"
+    );
+}
