@@ -807,3 +807,18 @@ pub fn parse_json(text: &[u8]) -> Result<Value, CanonicalError> {
     })?;
     Ok(value)
 }
+
+/// `_file_digest(path)`: SHA-256 of raw bytes read in 1 MiB chunks (the chunk size does not
+/// change the result), lowercase hex.
+pub fn sha256_reader(mut reader: impl std::io::Read) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        match reader.read(&mut buffer) {
+            Ok(0) => return Ok(hex(&hasher.finalize())),
+            Ok(n) => hasher.update(&buffer[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}

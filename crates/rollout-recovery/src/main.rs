@@ -1,17 +1,19 @@
-//! `rollout-recovery`: the command line. Today it offers the offline `digest` tool; `serve` and
-//! the other subcommands arrive with the HTTP service issue.
+//! `rollout-recovery`: the service (`serve`), its OpenAPI document (`openapi`), offline tools on
+//! a run's files (`validate`, `plan`, `classify`, `identity`, `digest`) and operator client
+//! commands (`approve`, `drift`). Every flag of `serve` is also an environment variable.
+
+mod offline;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
-use std::io::Read as _;
+use clap::{Args, Parser, Subcommand};
+use recovery_core::drift::DriftPolicy;
+use recovery_server::config::{ServerConfig, TokenEntry};
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "rollout-recovery",
-    version,
-    about = "Resume authority for LLM evaluation and RL rollout collectors"
-)]
+#[command(name = "rollout-recovery", version, about = "Resume authority for LLM evaluation and RL rollout collectors")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -19,39 +21,203 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Print the CPython-identical canonical digest of a JSON document, or with `--jsonl` the
-    /// materialized digest of JSONL rows (blank lines skipped).
+    /// Run the HTTP service.
+    Serve(ServeArgs),
+    /// Write or check the OpenAPI document (default path: openapi/openapi.json).
+    Openapi {
+        #[arg(long, conflicts_with = "check")]
+        write: bool,
+        #[arg(long)]
+        check: bool,
+        #[arg(default_value = "openapi/openapi.json")]
+        path: PathBuf,
+    },
+    /// Validate a resume offline against the files beside an output (exit 1 when refused).
+    Validate(offline::ValidateArgs),
+    /// Print the resume plan of an output (exit 0 complete; 75, 1 or 76 like IncompleteEvaluationError).
+    Plan(offline::PlanArgs),
+    /// Classify every row of a results or failures file and print counts.
+    Classify(offline::ClassifyArgs),
+    /// Print a configuration bundle's redacted identity and digests; with --against, the drift.
+    Identity(offline::IdentityArgs),
+    /// Print the canonical digest of a JSON document, or with --jsonl the materialized digest.
     Digest {
         /// File to read (`-` or absent: standard input).
         path: Option<PathBuf>,
-        /// Treat the input as JSONL rows and print the materialized digest.
         #[arg(long)]
         jsonl: bool,
     },
+    /// Approve rerunning one masked attempt (operator client).
+    Approve(offline::ApproveArgs),
+    /// List resumes that crossed operational drift (client).
+    Drift(offline::DriftArgs),
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Digest { path, jsonl } => {
-            let reader: Box<dyn std::io::Read + Send> = match path.as_deref() {
-                None => Box::new(std::io::stdin()),
-                Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin()),
-                Some(p) => Box::new(
-                    std::fs::File::open(p)
-                        .with_context(|| format!("cannot open {}", p.display()))?,
-                ),
-            };
-            if jsonl {
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let result = recovery_core::materialized::materialized_digest(reader, threads)?;
-                println!("{}", result.sha256);
-            } else {
-                let mut text = Vec::new();
-                let mut reader = reader;
-                reader.read_to_end(&mut text)?;
-                println!("{}", recovery_core::canonical::digest_text(&text)?);
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "RR_BIND", default_value = "127.0.0.1:8787")]
+    bind: SocketAddr,
+    /// Data directory (the SQLite database lives here).
+    #[arg(long, env = "RR_DATA_DIR", default_value = "./rollout-recovery-data")]
+    data_dir: PathBuf,
+    /// Database URL (sqlite://... or postgres://...); default: SQLite in the data directory.
+    #[arg(long, env = "RR_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Directories output paths must lie under (repeat, or comma-separated); default: <data-dir>/runs.
+    #[arg(long = "root", env = "RR_ROOTS", value_delimiter = ',')]
+    roots: Vec<PathBuf>,
+    /// Bearer tokens as role:name:token (roles: viewer, collector, operator); none: unauthenticated, loopback only.
+    #[arg(long = "token", env = "RR_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    tokens: Vec<String>,
+    /// Largest request body, in MiB.
+    #[arg(long, env = "RR_BODY_LIMIT_MB", default_value_t = 64)]
+    body_limit_mb: usize,
+    /// Longest request, in seconds.
+    #[arg(long, env = "RR_REQUEST_TIMEOUT_SECS", default_value_t = 120)]
+    request_timeout_secs: u64,
+    /// Attempt cap saved in new manifests (NEMO_GYM_MAX_ROLLOUT_ATTEMPTS is honoured when this is unset).
+    #[arg(long, env = "RR_MAX_ROLLOUT_ATTEMPTS")]
+    max_rollout_attempts: Option<u64>,
+    /// Default lease lifetime, in seconds.
+    #[arg(long, env = "RR_LEASE_TTL_SECS", default_value_t = 60)]
+    lease_ttl_secs: u64,
+    /// Extra semantic key segments for the drift classifier.
+    #[arg(long = "semantic-key", env = "RR_SEMANTIC_KEYS", value_delimiter = ',')]
+    semantic_keys: Vec<String>,
+    /// Extra operational words for the drift classifier.
+    #[arg(long = "operational-word", env = "RR_OPERATIONAL_WORDS", value_delimiter = ',')]
+    operational_words: Vec<String>,
+    /// Whole dotted keys declared operational.
+    #[arg(long = "operational-key", env = "RR_OPERATIONAL_KEYS", value_delimiter = ',')]
+    operational_keys: Vec<String>,
+    /// This replica's name (default: host-pid).
+    #[arg(long, env = "RR_REPLICA")]
+    replica: Option<String>,
+    /// Log format: text or json.
+    #[arg(long, env = "RR_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+/// `_get_max_rollout_attempts()`: a positive int, else a warning and the default 3.
+fn env_max_attempts() -> u64 {
+    match std::env::var("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS") {
+        Ok(raw) if !raw.is_empty() => match raw.trim().parse::<u64>() {
+            Ok(n) if n >= 1 => n,
+            _ => {
+                tracing::warn!(value = %raw, "could not parse NEMO_GYM_MAX_ROLLOUT_ATTEMPTS; falling back to default 3");
+                3
             }
+        },
+        _ => 3,
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    init_logging(args.log_format == "json");
+    let mut config = ServerConfig::local(args.data_dir.clone());
+    config.bind = args.bind;
+    config.database_url = args.database_url;
+    if !args.roots.is_empty() {
+        config.roots = args.roots;
+    }
+    config.tokens = args.tokens.iter().filter(|t| !t.is_empty()).map(|t| TokenEntry::parse(t)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    config.body_limit_bytes = args.body_limit_mb * 1024 * 1024;
+    config.request_timeout = Duration::from_secs(args.request_timeout_secs);
+    config.default_max_attempts = args.max_rollout_attempts.unwrap_or_else(env_max_attempts).max(1);
+    config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
+    config.drift_policy = DriftPolicy::extended(args.semantic_keys, args.operational_words, args.operational_keys);
+    if let Some(replica) = args.replica {
+        config.replica = replica;
+    }
+    let bind = config.bind;
+    let authenticated = !config.tokens.is_empty();
+    let state = recovery_server::start(config, recovery_server::system_clock()).await?;
+    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
+    tracing::info!(address = %listener.local_addr()?, authenticated, "rollout-recovery serving");
+    recovery_server::serve(listener, state, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = interrupt => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: draining requests, then releasing leases");
+}
+
+fn openapi(write: bool, check: bool, path: PathBuf) -> anyhow::Result<()> {
+    let current = recovery_server::openapi_json();
+    if write {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        recovery_sidecar::atomic_write(&path, current.as_bytes(), None).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("wrote {}", path.display());
+        return Ok(());
+    }
+    if check {
+        let committed = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        if committed != current {
+            anyhow::bail!("{} is out of date: run `rollout-recovery openapi --write`", path.display());
+        }
+        println!("{} is up to date", path.display());
+        return Ok(());
+    }
+    print!("{current}");
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result: anyhow::Result<i32> = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => serve(args).await.map(|()| 0),
+            Command::Openapi { write, check, path } => openapi(write, check, path).map(|()| 0),
+            Command::Validate(args) => offline::validate(args),
+            Command::Plan(args) => offline::plan(args),
+            Command::Classify(args) => offline::classify(args),
+            Command::Identity(args) => offline::identity(args),
+            Command::Digest { path, jsonl } => offline::digest(path, jsonl).map(|()| 0),
+            Command::Approve(args) => offline::approve(args).await.map(|()| 0),
+            Command::Drift(args) => offline::drift(args).await.map(|()| 0),
+        }
+    });
+    match result {
+        Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
         }
     }
-    Ok(())
 }

@@ -1,0 +1,175 @@
+//! Service configuration and bearer-token authentication.
+//!
+//! Invariants: tokens are kept only as SHA-256 digests (a token value never sits in memory longer
+//! than the parse, and is never logged); without tokens the service runs unauthenticated only when
+//! bound to a loopback address; roles are `viewer` (read), `collector` (run its collections) and
+//! `operator` (everything, including approvals and takeovers).
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use recovery_core::drift::DriftPolicy;
+use sha2::{Digest, Sha256};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{ApiError, ErrorCode};
+
+/// What a caller may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Viewer,
+    Collector,
+    Operator,
+}
+
+impl Role {
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "viewer" => Some(Self::Viewer),
+            "collector" => Some(Self::Collector),
+            "operator" => Some(Self::Operator),
+            _ => None,
+        }
+    }
+}
+
+/// One configured token: its role, a name for logs and audit, and its digest.
+#[derive(Clone)]
+pub struct TokenEntry {
+    pub role: Role,
+    pub name: String,
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for TokenEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenEntry").field("role", &self.role).field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl TokenEntry {
+    /// Parses `role:name:token`.
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut parts = spec.splitn(3, ':');
+        let (Some(role), Some(name), Some(token)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err("a token is given as role:name:token".into());
+        };
+        let role = Role::parse(role).ok_or_else(|| format!("unknown role {role:?} (viewer, collector, operator)"))?;
+        if name.is_empty() || token.len() < 16 {
+            return Err(format!("token {name:?}: a name and a token of at least 16 characters are required"));
+        }
+        Ok(Self { role, name: name.to_owned(), digest: Sha256::digest(token.as_bytes()).into() })
+    }
+}
+
+/// How the service runs.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub bind: SocketAddr,
+    pub data_dir: PathBuf,
+    /// `sqlite://...` or `postgres://...`; default: SQLite in the data directory.
+    pub database_url: Option<String>,
+    /// Output paths must lie under these.
+    pub roots: Vec<PathBuf>,
+    pub tokens: Vec<TokenEntry>,
+    pub body_limit_bytes: usize,
+    pub request_timeout: Duration,
+    /// The attempt cap saved in new manifests (and used for manifests that saved none).
+    pub default_max_attempts: u64,
+    pub default_lease_ttl: Duration,
+    pub max_lease_ttl: Duration,
+    pub sweep_interval: Duration,
+    pub drift_policy: DriftPolicy,
+    /// This process's name among replicas.
+    pub replica: String,
+}
+
+impl ServerConfig {
+    /// Defaults for a data directory: loopback, SQLite inside it, outputs under `<data>/runs`.
+    pub fn local(data_dir: PathBuf) -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            roots: vec![data_dir.join("runs")],
+            data_dir,
+            database_url: None,
+            tokens: Vec::new(),
+            body_limit_bytes: 64 * 1024 * 1024,
+            request_timeout: Duration::from_secs(120),
+            default_max_attempts: 3,
+            default_lease_ttl: Duration::from_secs(60),
+            max_lease_ttl: Duration::from_secs(3600),
+            sweep_interval: Duration::from_secs(5),
+            drift_policy: DriftPolicy::default(),
+            replica: format!("{}-{}", hostname(), std::process::id()),
+        }
+    }
+
+    pub fn database_url(&self) -> String {
+        self.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("rollout-recovery.db").display()))
+    }
+
+    /// Refuses an unauthenticated service reachable beyond loopback.
+    pub fn check(&self) -> Result<(), String> {
+        if self.tokens.is_empty() && !self.bind.ip().is_loopback() {
+            return Err(format!(
+                "refusing to serve {} without tokens: configure --token role:name:token (RR_TOKENS) or bind to 127.0.0.1",
+                self.bind
+            ));
+        }
+        Ok(())
+    }
+
+    /// The caller a bearer token names, or the local operator in unauthenticated mode.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
+        if self.tokens.is_empty() {
+            return Ok(Caller { name: "local".into(), role: Role::Operator });
+        }
+        let token = authorization
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "an Authorization: Bearer <token> header is required"))?;
+        let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+        self.tokens
+            .iter()
+            .find(|t| t.digest == digest)
+            .map(|t| Caller { name: t.name.clone(), role: t.role })
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "the bearer token is not known"))
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "localhost".into())
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub name: String,
+    pub role: Role,
+}
+
+impl Caller {
+    /// Refuses callers below `role` (operators may do everything).
+    pub fn require(&self, role: Role) -> Result<(), ApiError> {
+        let allowed = match role {
+            Role::Viewer => true,
+            Role::Collector => matches!(self.role, Role::Collector | Role::Operator),
+            Role::Operator => self.role == Role::Operator,
+        };
+        if allowed {
+            Ok(())
+        } else {
+            Err(ApiError::new(ErrorCode::Forbidden, format!("this needs the {role:?} role; {} is a {:?}", self.name, self.role).to_lowercase()))
+        }
+    }
+}
+
+impl FromRequestParts<crate::state::AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &crate::state::AppState) -> Result<Self, Self::Rejection> {
+        let header = parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        state.config.authenticate(header)
+    }
+}

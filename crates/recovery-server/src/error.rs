@@ -1,0 +1,161 @@
+//! The one API error shape `{code, message, details}` and its closed table of codes.
+//!
+//! Invariants: every error response carries a stable `code` from [`ErrorCode`] (the OpenAPI spec
+//! lists them); a message names the field or resource at fault; server-side failures are logged
+//! once, here, and answered without internal detail; no credential value ever appears (messages are
+//! built from names, paths and digests only).
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Stable error codes, one HTTP status each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request body or a parameter is malformed or missing a field.
+    InvalidRequest,
+    /// The bearer token is missing or unknown.
+    Unauthenticated,
+    /// The caller's role may not do this.
+    Forbidden,
+    /// No such run, approval, lease or re-judgment.
+    NotFound,
+    /// The output path is outside the allowed roots or unusable.
+    PathRefused,
+    /// A run already has a manifest at this output (resume with validate instead).
+    RunExists,
+    /// The saved identity does not verify against the current run.
+    ResumeRefused,
+    /// The saved run has no manifest.
+    NoManifest,
+    /// The saved manifest or materialized inputs cannot be read.
+    ManifestUnreadable,
+    /// The configuration has no identity (missing server, interpolation error).
+    IdentityError,
+    /// Saved rows cannot be planned or classified (malformed line, inconsistent record).
+    RowsInvalid,
+    /// Another client holds the run's lease, or another process its lock.
+    RunLocked,
+    /// The lease presented does not hold the run.
+    LeaseNotHeld,
+    /// The attempt is not eligible for a masked rerun approval.
+    NotEligible,
+    /// The approval was used or revoked already, or a re-judgment closed.
+    Conflict,
+    /// The service failed; nothing was half-written.
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest | Self::IdentityError | Self::RowsInvalid | Self::PathRefused => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            Self::ManifestUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::RunExists | Self::ResumeRefused | Self::NoManifest | Self::NotEligible | Self::Conflict => StatusCode::CONFLICT,
+            Self::RunLocked => StatusCode::LOCKED,
+            Self::LeaseNotHeld => StatusCode::CONFLICT,
+            Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+/// The error body of every endpoint.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ApiErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+    /// Structured context (mismatch codes, keys, the lease holder...).
+    #[schema(value_type = Object)]
+    pub details: serde_json::Value,
+}
+
+/// An error answered to a client.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub details: serde_json::Value,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), details: serde_json::Value::Object(Default::default()) }
+    }
+
+    pub fn with_details(mut self, details: serde_json::Value) -> Self {
+        self.details = details;
+        self
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidRequest, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::NotFound, message)
+    }
+
+    /// A server-side failure: logged here with its cause, answered without internal detail.
+    pub fn internal(context: &str, cause: impl std::fmt::Display) -> Self {
+        tracing::error!(context, error = %cause, "request failed");
+        Self::new(ErrorCode::Internal, format!("{context} failed; nothing was half-written, retry or see the service log"))
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.code.status();
+        metrics::counter!("rollout_recovery_errors_total", "code" => format!("{:?}", self.code)).increment(1);
+        (status, Json(ApiErrorBody { code: self.code, message: self.message, details: self.details })).into_response()
+    }
+}
+
+impl From<recovery_store::StoreError> for ApiError {
+    fn from(error: recovery_store::StoreError) -> Self {
+        Self::internal("the database", error)
+    }
+}
+
+impl From<recovery_runs::RegistryError> for ApiError {
+    fn from(error: recovery_runs::RegistryError) -> Self {
+        match error {
+            recovery_runs::RegistryError::Path(e) => Self::new(ErrorCode::PathRefused, e.to_string()),
+            other => Self::internal("recording the run", other),
+        }
+    }
+}
+
+impl From<recovery_runs::LeaseError> for ApiError {
+    fn from(error: recovery_runs::LeaseError) -> Self {
+        use recovery_runs::LeaseError;
+        match error {
+            LeaseError::Held(lease) => Self::new(ErrorCode::RunLocked, format!("run {} is held by {}", lease.run_id, lease.holder))
+                .with_details(serde_json::json!({"holder": lease_holder(&lease)})),
+            LeaseError::Locked(e) => Self::new(ErrorCode::RunLocked, e.to_string()),
+            LeaseError::NotHolder { .. } => Self::new(ErrorCode::LeaseNotHeld, error.to_string()),
+            LeaseError::Store(e) => e.into(),
+        }
+    }
+}
+
+/// The public view of a lease holder (no lease id: that is the holder's secret).
+pub fn lease_holder(lease: &recovery_store::Lease) -> serde_json::Value {
+    serde_json::json!({
+        "holder": lease.holder,
+        "host": lease.host,
+        "pid": lease.pid,
+        "acquired_at": lease.acquired_at,
+        "renewed_at": lease.renewed_at,
+        "expires_at": lease.expires_at,
+    })
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,203 @@
+//! The rollout-recovery HTTP service: collectors validate resumes before they start, dashboards
+//! read drift history, operators approve reruns, and the service owns each run's lock.
+//!
+//! - [`app`]: the router (tests drive it in process with `oneshot`).
+//! - [`start`]: connect the store, reindex the sidecars, and build the state.
+//! - [`serve`]: listen until shutdown, then release every lease.
+//! - [`openapi`]: the OpenAPI document (committed at `openapi/openapi.json`).
+
+pub mod config;
+pub mod error;
+pub mod routes;
+pub mod runfiles;
+pub mod state;
+
+use axum::Router;
+use axum::extract::{MatchedPath, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use config::ServerConfig;
+use recovery_runs::{Clock, Leases, Registry, SystemClock};
+use recovery_sidecar::Confinement;
+use recovery_store::Store;
+use state::AppState;
+use std::sync::Arc;
+use std::time::Instant;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::timeout::TimeoutLayer;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "rollout-recovery", description = "Resume authority for LLM evaluation and RL rollout collectors: manifests, resume validation, drift history, failure classification, approvals and run leases. Every error body is {code, message, details}."),
+    paths(
+        routes::runs::create_run, routes::runs::validate, routes::runs::list_runs, routes::runs::get_run,
+        routes::query::drift, routes::query::run_drift, routes::query::classify, routes::query::plan,
+        routes::ops::approve, routes::ops::list_approvals, routes::ops::revoke_approval,
+        routes::ops::extend, routes::ops::resubmit, routes::ops::reserve,
+        routes::ops::admit_rejudgment, routes::ops::close_rejudgment,
+        routes::leases::acquire, routes::leases::heartbeat, routes::leases::release, routes::leases::holder, routes::leases::takeover,
+        routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
+    ),
+    components(schemas(error::ApiErrorBody, error::ErrorCode)),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "runs", description = "Create runs and validate resumes"),
+        (name = "drift", description = "Resumes that crossed operational drift"),
+        (name = "classification", description = "Failure responsibility and the resume plan"),
+        (name = "approvals", description = "Operator approvals of masked reruns"),
+        (name = "attempts", description = "Attempt caps, resubmits and reservations"),
+        (name = "rejudgments", description = "Judge-only re-judgments"),
+        (name = "leases", description = "Run ownership"),
+        (name = "system", description = "Health, readiness, metrics, this document"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new())]);
+    }
+}
+
+/// The OpenAPI document of this service.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
+    doc
+}
+
+/// The OpenAPI document as committed (pretty JSON with a trailing newline).
+pub fn openapi_json() -> String {
+    let mut text = openapi().to_pretty_json().unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+async fn record_metrics(request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let method = request.method().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("rollout_recovery_http_requests_total", "method" => method.clone(), "route" => route.clone(), "status" => status).increment(1);
+    metrics::histogram!("rollout_recovery_http_request_seconds", "method" => method, "route" => route).record(started.elapsed().as_secs_f64());
+    response
+}
+
+/// The service's router.
+pub fn app(state: AppState) -> Router {
+    let limit = state.config.body_limit_bytes;
+    let timeout = state.config.request_timeout;
+    Router::new()
+        .route("/runs", post(routes::runs::create_run).get(routes::runs::list_runs))
+        .route("/runs/{run_id}", get(routes::runs::get_run))
+        .route("/runs/{run_id}/validate", post(routes::runs::validate))
+        .route("/runs/{run_id}/drift", get(routes::query::run_drift))
+        .route("/drift", get(routes::query::drift))
+        .route("/classify", post(routes::query::classify))
+        .route("/runs/{run_id}/plan", get(routes::query::plan))
+        .route("/runs/{run_id}/approvals", post(routes::ops::approve).get(routes::ops::list_approvals))
+        .route("/runs/{run_id}/approvals/{approval_id}", axum::routing::delete(routes::ops::revoke_approval))
+        .route("/runs/{run_id}/attempts/extend", post(routes::ops::extend))
+        .route("/runs/{run_id}/attempts/resubmit", post(routes::ops::resubmit))
+        .route("/runs/{run_id}/attempts/reserve", post(routes::ops::reserve))
+        .route("/runs/{run_id}/rejudgments", post(routes::ops::admit_rejudgment))
+        .route("/runs/{run_id}/rejudgments/{operation_id}/close", post(routes::ops::close_rejudgment))
+        .route("/runs/{run_id}/lease", post(routes::leases::acquire).get(routes::leases::holder).delete(routes::leases::release))
+        .route("/runs/{run_id}/lease/heartbeat", post(routes::leases::heartbeat))
+        .route("/runs/{run_id}/lease/takeover", post(routes::leases::takeover))
+        .route("/healthz", get(routes::system::healthz))
+        .route("/readyz", get(routes::system::readyz))
+        .route("/metrics", get(routes::system::metrics))
+        .route("/openapi.json", get(routes::system::openapi))
+        .layer(middleware::from_fn(record_metrics))
+        .layer(RequestBodyLimitLayer::new(limit))
+        .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::REQUEST_TIMEOUT, timeout))
+        .with_state(state)
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Path(#[from] recovery_sidecar::PathError),
+    #[error(transparent)]
+    Store(#[from] recovery_store::StoreError),
+    #[error(transparent)]
+    Registry(#[from] recovery_runs::RegistryError),
+}
+
+/// Connects the store (migrating it), reindexes the sidecars under the roots, builds the state.
+pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
+    config.check().map_err(StartError::Config)?;
+    for dir in std::iter::once(&config.data_dir).chain(config.roots.iter()) {
+        std::fs::create_dir_all(dir).map_err(|source| StartError::Io { path: dir.display().to_string(), source })?;
+    }
+    let store = Store::connect(&config.database_url()).await?;
+    let registry = Registry::new(store.clone(), Confinement::new(config.roots.clone())?, clock.clone());
+    let report = registry.reindex().await?;
+    tracing::info!(
+        manifests = report.manifests,
+        runs = report.runs,
+        drift = report.drift_inserted,
+        approvals = report.approvals_inserted,
+        unreadable = report.unreadable.len(),
+        "reindexed sidecars"
+    );
+    for (path, reason) in &report.unreadable {
+        tracing::warn!(path, reason, "unreadable sidecar left as it is");
+    }
+    let leases = Leases::new(store, clock, config.replica.clone());
+    Ok(AppState { config: Arc::new(config), registry, leases, metrics: state::metrics_handle() })
+}
+
+/// Serves on `listener` until `shutdown` resolves; then drains requests and releases leases.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let sweeper_state = state.clone();
+    let sweeper = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(sweeper_state.config.sweep_interval);
+        loop {
+            tick.tick().await;
+            match sweeper_state.leases.sweep().await {
+                Ok(expired) => {
+                    for lease in expired {
+                        tracing::info!(run_id = %lease.run_id, holder = %lease.holder, "lease expired; run lock released");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
+            }
+        }
+    });
+    let result = axum::serve(listener, app(state.clone())).with_graceful_shutdown(shutdown).await;
+    sweeper.abort();
+    match state.leases.release_all().await {
+        Ok(count) => tracing::info!(released = count, "leases released at shutdown"),
+        Err(e) => tracing::warn!(error = %e, "releasing leases at shutdown failed"),
+    }
+    state.registry.store().close().await;
+    result
+}
+
+/// The system clock, for `start`.
+pub fn system_clock() -> Arc<dyn Clock> {
+    Arc::new(SystemClock)
+}

@@ -1,0 +1,7 @@
+//! HTTP handlers, grouped by resource.
+
+pub mod leases;
+pub mod ops;
+pub mod query;
+pub mod runs;
+pub mod system;

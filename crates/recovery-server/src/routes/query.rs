@@ -1,0 +1,159 @@
+//! Read models for dashboards and tools: drift history, classification, the resume plan.
+
+use crate::config::{Caller, Role};
+use crate::error::{ApiError, ApiErrorBody, ApiResult, ErrorCode};
+use crate::runfiles;
+use crate::state::AppState;
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use recovery_core::failure::ClassificationPolicy;
+use recovery_core::plan::{RowDecision, classify_row};
+use recovery_store::{Cursor, DriftEvent, DriftFilter};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
+
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+pub struct DriftParams {
+    /// Inclusive start (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
+    pub from: Option<String>,
+    /// Exclusive end (RFC 3339 UTC).
+    pub to: Option<String>,
+    pub run_id: Option<String>,
+    /// Only events whose drifted keys include this dotted key.
+    pub key: Option<String>,
+    /// At most this many (1-1000, default 100).
+    pub limit: Option<u32>,
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DriftPage {
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<DriftEvent>,
+    pub next_cursor: Option<String>,
+}
+
+/// Normalises an RFC 3339 bound to the stored fixed-width form.
+fn time_bound(field: &str, text: &str) -> ApiResult<String> {
+    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| ApiError::invalid(format!("{field}: {text:?} is not an RFC 3339 time: {e}")))?;
+    Ok(recovery_sidecar::format_rfc3339(parsed))
+}
+
+async fn drift_page(state: &AppState, params: DriftParams, run_id: Option<String>) -> ApiResult<DriftPage> {
+    let limit = params.limit.unwrap_or(100).clamp(1, 1000);
+    let filter = DriftFilter {
+        run_id: run_id.or(params.run_id),
+        key: params.key,
+        from: params.from.as_deref().map(|t| time_bound("from", t)).transpose()?,
+        to: params.to.as_deref().map(|t| time_bound("to", t)).transpose()?,
+        after: match params.cursor.as_deref() {
+            Some(text) => Some(Cursor::decode(text).ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?),
+            None => None,
+        },
+        limit,
+    };
+    let events = state.registry.store().query_drift(&filter).await?;
+    let next_cursor = (events.len() as u32 == limit).then(|| events.last().map(|e| Cursor { at: e.at.clone(), id: e.event_id.clone() }.encode())).flatten();
+    Ok(DriftPage { events, next_cursor })
+}
+
+/// Every resume that crossed operational drift, across runs (oldest first).
+#[utoipa::path(get, path = "/drift", tag = "drift", params(DriftParams),
+    responses((status = 200, body = DriftPage), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+pub async fn drift(State(state): State<AppState>, caller: Caller, Query(params): Query<DriftParams>) -> ApiResult<Json<DriftPage>> {
+    caller.require(Role::Viewer)?;
+    Ok(Json(drift_page(&state, params, None).await?))
+}
+
+/// Every resume of one run that crossed operational drift.
+#[utoipa::path(get, path = "/runs/{run_id}/drift", tag = "drift", params(("run_id" = String, Path, description = "Run id"), DriftParams),
+    responses((status = 200, body = DriftPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+pub async fn run_drift(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Query(params): Query<DriftParams>) -> ApiResult<Json<DriftPage>> {
+    caller.require(Role::Viewer)?;
+    state.run(&run_id).await?;
+    Ok(Json(drift_page(&state, params, Some(run_id)).await?))
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClassifyRequest {
+    /// Saved result or failure rows.
+    #[schema(value_type = Vec<Object>)]
+    pub rows: Vec<Value>,
+    #[serde(default)]
+    pub retry_terminal_timeouts: bool,
+    /// A classification policy (default: the shared one).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub policy: Option<Value>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClassifyResponse {
+    #[schema(value_type = Vec<Object>)]
+    pub decisions: Vec<RowDecision>,
+}
+
+/// Classify rows: what every predicate says of each, and what resume does with it.
+#[utoipa::path(post, path = "/classify", tag = "classification", request_body = ClassifyRequest,
+    responses((status = 200, body = ClassifyResponse), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+pub async fn classify(State(_state): State<AppState>, caller: Caller, Json(request): Json<ClassifyRequest>) -> ApiResult<Json<ClassifyResponse>> {
+    caller.require(Role::Viewer)?;
+    let policy = match &request.policy {
+        Some(value) => ClassificationPolicy::from_json(value.to_string().as_bytes()).map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
+        None => ClassificationPolicy::default(),
+    };
+    for (i, row) in request.rows.iter().enumerate() {
+        if !row.is_object() {
+            return Err(ApiError::invalid(format!("rows[{i}]: must be a JSON object")));
+        }
+    }
+    let decisions = request.rows.iter().map(|row| classify_row(row, &policy, request.retry_terminal_timeouts)).collect();
+    Ok(Json(ClassifyResponse { decisions }))
+}
+
+/// A run's resume plan.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PlanResponse {
+    pub run_id: String,
+    /// Saved cap (or the default) plus extensions.
+    pub cap: u64,
+    /// One entry per expected rollout: state, reason, latest and next attempt.
+    #[schema(value_type = Vec<Object>)]
+    pub entries: Value,
+    /// The coverage snapshot (facts 11.7 fields).
+    #[schema(value_type = Object)]
+    pub coverage: Value,
+    pub budget_message: Option<String>,
+    pub warnings: Vec<String>,
+    /// Rollouts per state.
+    #[schema(value_type = Object)]
+    pub state_counts: Value,
+}
+
+/// The resume plan: one state per expected rollout, and the coverage snapshot.
+#[utoipa::path(get, path = "/runs/{run_id}/plan", tag = "classification", params(("run_id" = String, Path, description = "Run id")),
+    responses((status = 200, description = "The plan", body = PlanResponse),
+        (status = 404, body = ApiErrorBody), (status = 409, description = "no_manifest", body = ApiErrorBody),
+        (status = 422, description = "rows_invalid or manifest_unreadable", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+pub async fn plan(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller) -> ApiResult<Json<PlanResponse>> {
+    caller.require(Role::Viewer)?;
+    let (_, paths) = state.run(&run_id).await?;
+    let cap = state.config.default_max_attempts;
+    let (_, plan) = state.blocking(move || runfiles::build_plan(&paths, cap)).await?;
+    Ok(Json(PlanResponse {
+        run_id: plan.run_id.clone(),
+        cap: plan.cap,
+        entries: serde_json::to_value(&plan.entries).map_err(|e| ApiError::internal("serialising the plan", e))?,
+        coverage: serde_json::to_value(&plan.coverage).map_err(|e| ApiError::internal("serialising the plan", e))?,
+        budget_message: plan.budget_message.clone(),
+        warnings: plan.warnings.clone(),
+        state_counts: serde_json::to_value(plan.state_counts()).map_err(|e| ApiError::internal("serialising the plan", e))?,
+    }))
+}
+
+pub(crate) fn not_eligible(message: String, details: Value) -> ApiError {
+    ApiError::new(ErrorCode::NotEligible, message).with_details(details)
+}

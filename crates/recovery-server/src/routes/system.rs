@@ -1,0 +1,37 @@
+//! Health, readiness, metrics and the OpenAPI document.
+
+use crate::state::AppState;
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "system", responses((status = 200, description = "ok")))]
+pub async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Readiness: the database answers.
+#[utoipa::path(get, path = "/readyz", tag = "system", responses((status = 200, description = "ready"), (status = 503, description = "the database does not answer")))]
+pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+    match state.registry.store().ping().await {
+        Ok(()) => (StatusCode::OK, "ready"),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness check failed");
+            (StatusCode::SERVICE_UNAVAILABLE, "database unavailable")
+        }
+    }
+}
+
+/// Prometheus metrics.
+#[utoipa::path(get, path = "/metrics", tag = "system", responses((status = 200, description = "Prometheus text format")))]
+pub async fn metrics(State(state): State<AppState>) -> String {
+    state.metrics.render()
+}
+
+/// This service's OpenAPI document.
+#[utoipa::path(get, path = "/openapi.json", tag = "system", responses((status = 200, description = "OpenAPI 3.1 document")))]
+pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(crate::openapi())
+}

@@ -1,0 +1,304 @@
+//! Offline tools on a run's files and the operator client commands.
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use recovery_core::drift::{DriftPolicy, differing_keys};
+use recovery_core::errors::IncompleteEvaluationError;
+use recovery_core::failure::ClassificationPolicy;
+use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, RowReferences};
+use recovery_core::plan::PlanState;
+use recovery_core::verdict::{CurrentRun, ResumeVerdict, validate_resume};
+use recovery_server::runfiles;
+use recovery_sidecar::SidecarPaths;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+/// A configuration bundle file: `{config, global_config, environment?, rows?}`.
+struct Bundle {
+    config: Value,
+    global_config: Value,
+    environment: BTreeMap<String, String>,
+    rows: Option<Vec<Value>>,
+}
+
+fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
+    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value = recovery_core::canonical::parse_json(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let field = |name: &str| value.get(name).cloned().with_context(|| format!("{}: the bundle needs a {name:?} object", path.display()));
+    let environment = match value.get("environment") {
+        None | Some(Value::Null) => BTreeMap::new(),
+        Some(env) => serde_json::from_value(env.clone()).with_context(|| format!("{}: environment must map names to strings", path.display()))?,
+    };
+    let rows = match value.get("rows") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(rows)) => Some(rows.clone()),
+        Some(_) => bail!("{}: rows must be a list", path.display()),
+    };
+    Ok(Bundle { config: field("config")?, global_config: field("global_config")?, environment, rows })
+}
+
+fn references(bundle: &Bundle, materialized: Option<&Path>) -> anyhow::Result<RowReferences> {
+    match (&bundle.rows, materialized) {
+        (Some(rows), _) => Ok(RowReferences::from_rows(rows)),
+        (None, Some(path)) => runfiles::row_references(path).map_err(anyhow::Error::msg),
+        (None, None) => Ok(RowReferences::default()),
+    }
+}
+
+fn compute(bundle: &Bundle, refs: &RowReferences) -> anyhow::Result<ConfigurationIdentity> {
+    ConfigurationIdentity::compute(ConfigBundle { config: &bundle.config, global_config: &bundle.global_config, rows: refs, environment: &bundle.environment })
+        .map_err(|e| anyhow::anyhow!("{e} ({})", e.kind()))
+}
+
+#[derive(Debug, Args)]
+pub struct IdentityArgs {
+    /// The configuration bundle (`{config, global_config, environment, rows}`).
+    #[arg(long)]
+    bundle: PathBuf,
+    /// Materialized inputs for server selection when the bundle has no rows.
+    #[arg(long)]
+    materialized: Option<PathBuf>,
+    /// A saved identity file to compare against (prints the drift keys and their class).
+    #[arg(long)]
+    against: Option<PathBuf>,
+}
+
+pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
+    let bundle = read_bundle(&args.bundle)?;
+    let identity = compute(&bundle, &references(&bundle, args.materialized.as_deref())?)?;
+    let mut report = json!({
+        "config_digest": identity.config_digest,
+        "legacy_config_digest": identity.legacy_digest,
+        "accepted_forms": identity.accepted_forms(),
+        "identity": identity.identity,
+    });
+    if let Some(against) = &args.against {
+        let saved: Value = serde_json::from_slice(&std::fs::read(against).with_context(|| format!("cannot read {}", against.display()))?)?;
+        let policy = DriftPolicy::default();
+        let keys = differing_keys(&saved, &identity.identity);
+        let drift = policy.classify_all(&keys);
+        report["against"] = json!({
+            "saved_digest": recovery_core::canonical::digest(&saved)?,
+            "semantic": drift.semantic.iter().map(|k| json!({"key": k.key, "class": format!("{:?}", k.class)})).collect::<Vec<_>>(),
+            "operational": drift.operational,
+            "verdict": if drift.semantic.is_empty() { if drift.operational.is_empty() { "identical" } else { "resume with operational drift" } } else { "refused: semantic drift" },
+        });
+    }
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(0)
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// The run's output JSONL path (its sidecars are read beside it).
+    #[arg(long)]
+    output: PathBuf,
+    /// The source dataset file.
+    #[arg(long)]
+    source: PathBuf,
+    /// The current configuration bundle.
+    #[arg(long)]
+    bundle: PathBuf,
+    #[arg(long)]
+    allow_unsafe: bool,
+}
+
+pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
+    let output = std::fs::canonicalize(&args.output).unwrap_or(args.output.clone());
+    let paths = SidecarPaths::for_output(&output);
+    let bundle = read_bundle(&args.bundle)?;
+    let saved = runfiles::read_saved_run(&paths);
+    let refs = references(&bundle, Some(&paths.materialized))?;
+    let materialized = match &bundle.rows {
+        Some(rows) => {
+            let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+            recovery_core::materialized::materialized_digest(text.as_bytes(), 1)?.sha256
+        }
+        None => saved.materialized.clone().unwrap_or_default(),
+    };
+    let source = recovery_core::canonical::sha256_reader(std::fs::File::open(&args.source).with_context(|| format!("cannot read {}", args.source.display()))?)?;
+    let current = match compute(&bundle, &refs) {
+        Ok(config) => Some(CurrentRun { source_digest: source, materialized_digest: materialized, config }),
+        Err(e) if !args.allow_unsafe => return Err(e),
+        Err(_) => None,
+    };
+    let verdict = validate_resume(&saved, current.as_ref(), args.allow_unsafe, &DriftPolicy::default());
+    let (code, report) = match verdict {
+        ResumeVerdict::Reuse { manifest } => (0, json!({"outcome": "reuse", "run_id": manifest.run_id})),
+        ResumeVerdict::ResumeWithDrift { manifest, operational_keys } => (0, json!({"outcome": "resume_with_drift", "run_id": manifest.run_id, "operational_keys": operational_keys})),
+        ResumeVerdict::Overridden { manifest, message, .. } => (0, json!({"outcome": "overridden", "run_id": manifest.run_id, "message": message})),
+        ResumeVerdict::ImportLegacy { message } => (0, json!({"outcome": "import_legacy", "message": message})),
+        ResumeVerdict::Refused { message, mismatches } => (1, json!({"outcome": "refused", "message": message, "mismatches": mismatches.iter().map(|m| m.code()).collect::<Vec<_>>()})),
+        ResumeVerdict::NoManifest { message } => (1, json!({"outcome": "no_manifest", "message": message})),
+        ResumeVerdict::Unreadable { message } => (1, json!({"outcome": "unreadable", "message": message})),
+    };
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    Ok(code)
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The run's output JSONL path.
+    #[arg(long)]
+    output: PathBuf,
+    /// The cap for manifests that saved none.
+    #[arg(long, default_value_t = 3)]
+    default_max_attempts: u64,
+}
+
+pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
+    let output = std::fs::canonicalize(&args.output).unwrap_or(args.output.clone());
+    let paths = SidecarPaths::for_output(&output);
+    let (_, plan) = runfiles::build_plan(&paths, args.default_max_attempts).map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    println!("{}", serde_json::to_string_pretty(&json!({"plan": plan, "state_counts": plan.state_counts()}))?);
+    if let Some(message) = &plan.budget_message {
+        eprintln!("{message} Failures: {}.", paths.failures.display());
+    }
+    let finished = plan.entries.iter().all(|e| matches!(e.state, PlanState::Scored | PlanState::ModelFinal | PlanState::Omitted));
+    if finished {
+        return Ok(0);
+    }
+    let runnable = plan.entries.iter().any(|e| matches!(e.state, PlanState::Missing | PlanState::Retryable | PlanState::ApprovedRerun | PlanState::JudgeRecoverable));
+    let error = IncompleteEvaluationError {
+        message: format!("{}/{} samples completed", plan.coverage.successful, plan.coverage.expected),
+        retryable: runnable,
+        made_progress: plan.coverage.successful > 0,
+        failure_kind: None,
+    };
+    eprintln!("{error}");
+    Ok(error.exit_code())
+}
+
+#[derive(Debug, Args)]
+pub struct ClassifyArgs {
+    /// A results or failures JSONL file.
+    file: PathBuf,
+    /// A saved classification policy (default: the shared one).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    #[arg(long)]
+    retry_terminal_timeouts: bool,
+    /// Print every row's decision, one JSON line each.
+    #[arg(long)]
+    rows: bool,
+}
+
+pub fn classify(args: ClassifyArgs) -> anyhow::Result<i32> {
+    let policy = match &args.policy {
+        Some(path) => ClassificationPolicy::from_json(&std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?)?,
+        None => ClassificationPolicy::default(),
+    };
+    let file = std::fs::File::open(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let print_rows = args.rows;
+    let summary = recovery_core::classify::classify_jsonl(file, &args.file.display().to_string(), threads, &policy, args.retry_terminal_timeouts, |line, decision| {
+        if print_rows {
+            println!("{}", json!({"line": line, "decision": decision}));
+        }
+    })?;
+    println!("{}", serde_json::to_string_pretty(&summary)?);
+    Ok(0)
+}
+
+pub fn digest(path: Option<PathBuf>, jsonl: bool) -> anyhow::Result<()> {
+    let reader: Box<dyn std::io::Read + Send> = match path.as_deref() {
+        None => Box::new(std::io::stdin()),
+        Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin()),
+        Some(p) => Box::new(std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?),
+    };
+    if jsonl {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!("{}", recovery_core::materialized::materialized_digest(reader, threads)?.sha256);
+    } else {
+        let mut text = Vec::new();
+        let mut reader = reader;
+        reader.read_to_end(&mut text)?;
+        println!("{}", recovery_core::canonical::digest_text(&text)?);
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct ClientArgs {
+    /// The service's base URL.
+    #[arg(long, env = "RR_URL", default_value = "http://127.0.0.1:8787")]
+    url: String,
+    /// Bearer token.
+    #[arg(long, env = "RR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl ClientArgs {
+    fn request(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(token) => builder.bearer_auth(token),
+            None => builder,
+        }
+    }
+}
+
+async fn answer(response: reqwest::Response) -> anyhow::Result<Value> {
+    let status = response.status();
+    let body: Value = response.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        bail!("{status}: {} ({})", body["message"].as_str().unwrap_or("no message"), body["code"].as_str().unwrap_or("no code"));
+    }
+    Ok(body)
+}
+
+#[derive(Debug, Args)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[arg(long)]
+    run: String,
+    #[arg(long)]
+    task: i64,
+    #[arg(long)]
+    rollout: i64,
+    #[arg(long)]
+    attempt: i64,
+    #[arg(long)]
+    reason: String,
+}
+
+pub async fn approve(args: ApproveArgs) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let url = format!("{}/runs/{}/approvals", args.client.url.trim_end_matches('/'), args.run);
+    let body = json!({"task_index": args.task, "rollout_index": args.rollout, "attempt_index": args.attempt, "reason": args.reason});
+    let approval = answer(args.client.request(http.post(url).json(&body)).send().await?).await?;
+    println!("{}", serde_json::to_string_pretty(&approval)?);
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct DriftArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    #[arg(long)]
+    run: Option<String>,
+    #[arg(long)]
+    key: Option<String>,
+    #[arg(long)]
+    from: Option<String>,
+    #[arg(long)]
+    to: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+}
+
+pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
+    let http = reqwest::Client::new();
+    let mut query: Vec<(&str, String)> = vec![("limit", args.limit.to_string())];
+    for (name, value) in [("run_id", &args.run), ("key", &args.key), ("from", &args.from), ("to", &args.to)] {
+        if let Some(value) = value {
+            query.push((name, value.clone()));
+        }
+    }
+    let url = format!("{}/drift", args.client.url.trim_end_matches('/'));
+    let page = answer(args.client.request(http.get(url).query(&query)).send().await?).await?;
+    println!("{}", serde_json::to_string_pretty(&page)?);
+    Ok(())
+}
