@@ -45,7 +45,10 @@ pub struct TokenEntry {
 
 impl std::fmt::Debug for TokenEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TokenEntry").field("role", &self.role).field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("TokenEntry")
+            .field("role", &self.role)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -53,14 +56,22 @@ impl TokenEntry {
     /// Parses `role:name:token`.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut parts = spec.splitn(3, ':');
-        let (Some(role), Some(name), Some(token)) = (parts.next(), parts.next(), parts.next()) else {
+        let (Some(role), Some(name), Some(token)) = (parts.next(), parts.next(), parts.next())
+        else {
             return Err("a token is given as role:name:token".into());
         };
-        let role = Role::parse(role).ok_or_else(|| format!("unknown role {role:?} (viewer, collector, operator)"))?;
+        let role = Role::parse(role)
+            .ok_or_else(|| format!("unknown role {role:?} (viewer, collector, operator)"))?;
         if name.is_empty() || token.len() < 16 {
-            return Err(format!("token {name:?}: a name and a token of at least 16 characters are required"));
+            return Err(format!(
+                "token {name:?}: a name and a token of at least 16 characters are required"
+            ));
         }
-        Ok(Self { role, name: name.to_owned(), digest: Sha256::digest(token.as_bytes()).into() })
+        Ok(Self {
+            role,
+            name: name.to_owned(),
+            digest: Sha256::digest(token.as_bytes()).into(),
+        })
     }
 }
 
@@ -107,7 +118,12 @@ impl ServerConfig {
     }
 
     pub fn database_url(&self) -> String {
-        self.database_url.clone().unwrap_or_else(|| format!("sqlite://{}", self.data_dir.join("rollout-recovery.db").display()))
+        self.database_url.clone().unwrap_or_else(|| {
+            format!(
+                "sqlite://{}",
+                self.data_dir.join("rollout-recovery.db").display()
+            )
+        })
     }
 
     /// Refuses an unauthenticated service reachable beyond loopback.
@@ -124,22 +140,37 @@ impl ServerConfig {
     /// The caller a bearer token names, or the local operator in unauthenticated mode.
     pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, ApiError> {
         if self.tokens.is_empty() {
-            return Ok(Caller { name: "local".into(), role: Role::Operator });
+            return Ok(Caller {
+                name: "local".into(),
+                role: Role::Operator,
+            });
         }
         let token = authorization
             .and_then(|h| h.strip_prefix("Bearer "))
-            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "an Authorization: Bearer <token> header is required"))?;
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::Unauthenticated,
+                    "an Authorization: Bearer <token> header is required",
+                )
+            })?;
         let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
         self.tokens
             .iter()
             .find(|t| t.digest == digest)
-            .map(|t| Caller { name: t.name.clone(), role: t.role })
-            .ok_or_else(|| ApiError::new(ErrorCode::Unauthenticated, "the bearer token is not known"))
+            .map(|t| Caller {
+                name: t.name.clone(),
+                role: t.role,
+            })
+            .ok_or_else(|| {
+                ApiError::new(ErrorCode::Unauthenticated, "the bearer token is not known")
+            })
     }
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_else(|_| "localhost".into())
+    std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".into())
 }
 
 /// An authenticated caller.
@@ -160,7 +191,14 @@ impl Caller {
         if allowed {
             Ok(())
         } else {
-            Err(ApiError::new(ErrorCode::Forbidden, format!("this needs the {role:?} role; {} is a {:?}", self.name, self.role).to_lowercase()))
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "this needs the {role:?} role; {} is a {:?}",
+                    self.name, self.role
+                )
+                .to_lowercase(),
+            ))
         }
     }
 }
@@ -168,8 +206,14 @@ impl Caller {
 impl FromRequestParts<crate::state::AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &crate::state::AppState) -> Result<Self, Self::Rejection> {
-        let header = parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &crate::state::AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let header = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
         state.config.authenticate(header)
     }
 }

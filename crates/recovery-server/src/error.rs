@@ -59,7 +59,11 @@ impl ErrorCode {
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
-            Self::RunExists | Self::ResumeRefused | Self::NoManifest | Self::NotEligible | Self::Conflict => StatusCode::CONFLICT,
+            Self::RunExists
+            | Self::ResumeRefused
+            | Self::NoManifest
+            | Self::NotEligible
+            | Self::Conflict => StatusCode::CONFLICT,
             Self::RunLocked => StatusCode::LOCKED,
             Self::LeaseNotHeld => StatusCode::CONFLICT,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -87,7 +91,11 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), details: serde_json::Value::Object(Default::default()) }
+        Self {
+            code,
+            message: message.into(),
+            details: serde_json::Value::Object(Default::default()),
+        }
     }
 
     pub fn with_details(mut self, details: serde_json::Value) -> Self {
@@ -106,15 +114,27 @@ impl ApiError {
     /// A server-side failure: logged here with its cause, answered without internal detail.
     pub fn internal(context: &str, cause: impl std::fmt::Display) -> Self {
         tracing::error!(context, error = %cause, "request failed");
-        Self::new(ErrorCode::Internal, format!("{context} failed; nothing was half-written, retry or see the service log"))
+        Self::new(
+            ErrorCode::Internal,
+            format!("{context} failed; nothing was half-written, retry or see the service log"),
+        )
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code.status();
-        metrics::counter!("rollout_recovery_errors_total", "code" => format!("{:?}", self.code)).increment(1);
-        (status, Json(ApiErrorBody { code: self.code, message: self.message, details: self.details })).into_response()
+        metrics::counter!("rollout_recovery_errors_total", "code" => format!("{:?}", self.code))
+            .increment(1);
+        (
+            status,
+            Json(ApiErrorBody {
+                code: self.code,
+                message: self.message,
+                details: self.details,
+            }),
+        )
+            .into_response()
     }
 }
 
@@ -127,7 +147,9 @@ impl From<recovery_store::StoreError> for ApiError {
 impl From<recovery_runs::RegistryError> for ApiError {
     fn from(error: recovery_runs::RegistryError) -> Self {
         match error {
-            recovery_runs::RegistryError::Path(e) => Self::new(ErrorCode::PathRefused, e.to_string()),
+            recovery_runs::RegistryError::Path(e) => {
+                Self::new(ErrorCode::PathRefused, e.to_string())
+            }
             other => Self::internal("recording the run", other),
         }
     }
@@ -137,8 +159,11 @@ impl From<recovery_runs::LeaseError> for ApiError {
     fn from(error: recovery_runs::LeaseError) -> Self {
         use recovery_runs::LeaseError;
         match error {
-            LeaseError::Held(lease) => Self::new(ErrorCode::RunLocked, format!("run {} is held by {}", lease.run_id, lease.holder))
-                .with_details(serde_json::json!({"holder": lease_holder(&lease)})),
+            LeaseError::Held(lease) => Self::new(
+                ErrorCode::RunLocked,
+                format!("run {} is held by {}", lease.run_id, lease.holder),
+            )
+            .with_details(serde_json::json!({"holder": lease_holder(&lease)})),
             LeaseError::Locked(e) => Self::new(ErrorCode::RunLocked, e.to_string()),
             LeaseError::NotHolder { .. } => Self::new(ErrorCode::LeaseNotHeld, error.to_string()),
             LeaseError::Store(e) => e.into(),

@@ -61,8 +61,14 @@ impl utoipa::Modify for BearerAuth {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
-        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new("bearer", Vec::<String>::new())]);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        openapi.security = Some(vec![utoipa::openapi::security::SecurityRequirement::new(
+            "bearer",
+            Vec::<String>::new(),
+        )]);
     }
 }
 
@@ -81,7 +87,10 @@ pub fn openapi_json() -> String {
 }
 
 async fn record_metrics(request: Request, next: Next) -> Response {
-    let route = request.extensions().get::<MatchedPath>().map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
     let method = request.method().to_string();
     let started = Instant::now();
     let response = next.run(request).await;
@@ -96,30 +105,65 @@ pub fn app(state: AppState) -> Router {
     let limit = state.config.body_limit_bytes;
     let timeout = state.config.request_timeout;
     Router::new()
-        .route("/runs", post(routes::runs::create_run).get(routes::runs::list_runs))
+        .route(
+            "/runs",
+            post(routes::runs::create_run).get(routes::runs::list_runs),
+        )
         .route("/runs/{run_id}", get(routes::runs::get_run))
         .route("/runs/{run_id}/validate", post(routes::runs::validate))
         .route("/runs/{run_id}/drift", get(routes::query::run_drift))
         .route("/drift", get(routes::query::drift))
         .route("/classify", post(routes::query::classify))
         .route("/runs/{run_id}/plan", get(routes::query::plan))
-        .route("/runs/{run_id}/approvals", post(routes::ops::approve).get(routes::ops::list_approvals))
-        .route("/runs/{run_id}/approvals/{approval_id}", axum::routing::delete(routes::ops::revoke_approval))
+        .route(
+            "/runs/{run_id}/approvals",
+            post(routes::ops::approve).get(routes::ops::list_approvals),
+        )
+        .route(
+            "/runs/{run_id}/approvals/{approval_id}",
+            axum::routing::delete(routes::ops::revoke_approval),
+        )
         .route("/runs/{run_id}/attempts/extend", post(routes::ops::extend))
-        .route("/runs/{run_id}/attempts/resubmit", post(routes::ops::resubmit))
-        .route("/runs/{run_id}/attempts/reserve", post(routes::ops::reserve))
-        .route("/runs/{run_id}/rejudgments", post(routes::ops::admit_rejudgment))
-        .route("/runs/{run_id}/rejudgments/{operation_id}/close", post(routes::ops::close_rejudgment))
-        .route("/runs/{run_id}/lease", post(routes::leases::acquire).get(routes::leases::holder).delete(routes::leases::release))
-        .route("/runs/{run_id}/lease/heartbeat", post(routes::leases::heartbeat))
-        .route("/runs/{run_id}/lease/takeover", post(routes::leases::takeover))
+        .route(
+            "/runs/{run_id}/attempts/resubmit",
+            post(routes::ops::resubmit),
+        )
+        .route(
+            "/runs/{run_id}/attempts/reserve",
+            post(routes::ops::reserve),
+        )
+        .route(
+            "/runs/{run_id}/rejudgments",
+            post(routes::ops::admit_rejudgment),
+        )
+        .route(
+            "/runs/{run_id}/rejudgments/{operation_id}/close",
+            post(routes::ops::close_rejudgment),
+        )
+        .route(
+            "/runs/{run_id}/lease",
+            post(routes::leases::acquire)
+                .get(routes::leases::holder)
+                .delete(routes::leases::release),
+        )
+        .route(
+            "/runs/{run_id}/lease/heartbeat",
+            post(routes::leases::heartbeat),
+        )
+        .route(
+            "/runs/{run_id}/lease/takeover",
+            post(routes::leases::takeover),
+        )
         .route("/healthz", get(routes::system::healthz))
         .route("/readyz", get(routes::system::readyz))
         .route("/metrics", get(routes::system::metrics))
         .route("/openapi.json", get(routes::system::openapi))
         .layer(middleware::from_fn(record_metrics))
         .layer(RequestBodyLimitLayer::new(limit))
-        .layer(TimeoutLayer::with_status_code(axum::http::StatusCode::REQUEST_TIMEOUT, timeout))
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            timeout,
+        ))
         .with_state(state)
 }
 
@@ -146,10 +190,17 @@ pub enum StartError {
 pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
     config.check().map_err(StartError::Config)?;
     for dir in std::iter::once(&config.data_dir).chain(config.roots.iter()) {
-        std::fs::create_dir_all(dir).map_err(|source| StartError::Io { path: dir.display().to_string(), source })?;
+        std::fs::create_dir_all(dir).map_err(|source| StartError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
     }
     let store = Store::connect(&config.database_url()).await?;
-    let registry = Registry::new(store.clone(), Confinement::new(config.roots.clone())?, clock.clone());
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new(config.roots.clone())?,
+        clock.clone(),
+    );
     let report = registry.reindex().await?;
     tracing::info!(
         manifests = report.manifests,
@@ -163,7 +214,12 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         tracing::warn!(path, reason, "unreadable sidecar left as it is");
     }
     let leases = Leases::new(store, clock, config.replica.clone());
-    Ok(AppState { config: Arc::new(config), registry, leases, metrics: state::metrics_handle() })
+    Ok(AppState {
+        config: Arc::new(config),
+        registry,
+        leases,
+        metrics: state::metrics_handle(),
+    })
 }
 
 /// Serves on `listener` until `shutdown` resolves; then drains requests and releases leases.
@@ -187,7 +243,9 @@ pub async fn serve(
             }
         }
     });
-    let result = axum::serve(listener, app(state.clone())).with_graceful_shutdown(shutdown).await;
+    let result = axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(shutdown)
+        .await;
     sweeper.abort();
     match state.leases.release_all().await {
         Ok(count) => tracing::info!(released = count, "leases released at shutdown"),

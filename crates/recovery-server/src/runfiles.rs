@@ -23,7 +23,9 @@ fn threads() -> usize {
 /// The materialized digest of a JSONL file.
 pub fn digest_rows_file(path: &Path) -> Result<String, String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    materialized_digest(file, threads()).map(|d| d.sha256).map_err(|e| format!("{}: {e}", path.display()))
+    materialized_digest(file, threads())
+        .map(|d| d.sha256)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The server references of a materialized-inputs file.
@@ -52,7 +54,9 @@ pub fn read_manifest(path: &Path) -> SavedManifest {
 
 /// Everything a resume is checked against.
 pub fn read_saved_run(paths: &SidecarPaths) -> SavedRun {
-    let identity = std::fs::read(&paths.identity).ok().and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
+    let identity = std::fs::read(&paths.identity)
+        .ok()
+        .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
     SavedRun {
         manifest_path: paths.manifest.display().to_string(),
         manifest: read_manifest(&paths.manifest),
@@ -65,8 +69,12 @@ pub fn read_saved_run(paths: &SidecarPaths) -> SavedRun {
 /// malformed saved policy is an error, never replaced by defaults.
 pub fn classification_policy(paths: &SidecarPaths) -> Result<ClassificationPolicy, ApiError> {
     match std::fs::read(&paths.classification_policy) {
-        Ok(bytes) => ClassificationPolicy::from_json(&bytes)
-            .map_err(|e| ApiError::new(ErrorCode::RowsInvalid, format!("{}: {e}", paths.classification_policy.display()))),
+        Ok(bytes) => ClassificationPolicy::from_json(&bytes).map_err(|e| {
+            ApiError::new(
+                ErrorCode::RowsInvalid,
+                format!("{}: {e}", paths.classification_policy.display()),
+            )
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ClassificationPolicy::default()),
         Err(e) => Err(ApiError::internal("reading the classification policy", e)),
     }
@@ -80,41 +88,87 @@ pub type BudgetInputs = (u64, u64, BTreeSet<journals::ApprovalTriple>);
 pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, ApiError> {
     let invalid = |e: journals::JournalError| ApiError::new(ErrorCode::RowsInvalid, e.to_string());
     let extension = match File::open(&paths.attempt_extension) {
-        Ok(file) => journals::attempt_extension(file, &paths.attempt_extension.display().to_string()).map_err(invalid)?,
+        Ok(file) => {
+            journals::attempt_extension(file, &paths.attempt_extension.display().to_string())
+                .map_err(invalid)?
+        }
         Err(_) => 0,
     };
     let offset = match File::open(&paths.resubmit_offset) {
-        Ok(file) => journals::resubmit_offset(file, &paths.resubmit_offset.display().to_string()).map_err(invalid)?,
+        Ok(file) => journals::resubmit_offset(file, &paths.resubmit_offset.display().to_string())
+            .map_err(invalid)?,
         Err(_) => 0,
     };
-    let approvals = File::open(&paths.rerun_masked).map(journals::rerun_masked_approvals).unwrap_or_default();
+    let approvals = File::open(&paths.rerun_masked)
+        .map(journals::rerun_masked_approvals)
+        .unwrap_or_default();
     Ok((extension, offset, approvals))
 }
 
 /// The resume plan of a run from its files.
-pub fn build_plan(paths: &SidecarPaths, default_cap: u64) -> Result<(RunManifest, ResumePlan), ApiError> {
+pub fn build_plan(
+    paths: &SidecarPaths,
+    default_cap: u64,
+) -> Result<(RunManifest, ResumePlan), ApiError> {
     let manifest = match read_manifest(&paths.manifest) {
         SavedManifest::Read(m) => *m,
-        SavedManifest::Missing => return Err(ApiError::new(ErrorCode::NoManifest, format!("{} is missing", paths.manifest.display()))),
+        SavedManifest::Missing => {
+            return Err(ApiError::new(
+                ErrorCode::NoManifest,
+                format!("{} is missing", paths.manifest.display()),
+            ));
+        }
         SavedManifest::Unreadable(reason) => {
-            return Err(ApiError::new(ErrorCode::ManifestUnreadable, format!("Cannot read recovery manifest {}: {reason}", paths.manifest.display())));
+            return Err(ApiError::new(
+                ErrorCode::ManifestUnreadable,
+                format!(
+                    "Cannot read recovery manifest {}: {reason}",
+                    paths.manifest.display()
+                ),
+            ));
         }
     };
     let policy = classification_policy(paths)?;
     let (extension, offset, approvals) = budget_inputs(paths)?;
     let rows_invalid = |e: JsonlError| ApiError::new(ErrorCode::RowsInvalid, e.to_string());
-    let inventory_file = File::open(&paths.materialized)
-        .map_err(|e| ApiError::new(ErrorCode::ManifestUnreadable, format!("{}: {e}", paths.materialized.display())))?;
-    let (inventory, _) = read_jsonl(inventory_file, &paths.materialized.display().to_string()).map_err(rows_invalid)?;
-    let mut index = RunIndex::new(&manifest, inventory.into_iter().map(|r| r.value), &policy, IndexOptions { resubmit_offset: offset })
-        .map_err(|e| ApiError::new(ErrorCode::RowsInvalid, e.to_string()))?;
-    for (artifact, path) in [(Artifact::Failures, &paths.failures), (Artifact::Results, &paths.output)] {
+    let inventory_file = File::open(&paths.materialized).map_err(|e| {
+        ApiError::new(
+            ErrorCode::ManifestUnreadable,
+            format!("{}: {e}", paths.materialized.display()),
+        )
+    })?;
+    let (inventory, _) = read_jsonl(inventory_file, &paths.materialized.display().to_string())
+        .map_err(rows_invalid)?;
+    let mut index = RunIndex::new(
+        &manifest,
+        inventory.into_iter().map(|r| r.value),
+        &policy,
+        IndexOptions {
+            resubmit_offset: offset,
+        },
+    )
+    .map_err(|e| ApiError::new(ErrorCode::RowsInvalid, e.to_string()))?;
+    for (artifact, path) in [
+        (Artifact::Failures, &paths.failures),
+        (Artifact::Results, &paths.output),
+    ] {
         let Ok(file) = File::open(path) else { continue };
-        scan_jsonl(file, &path.display().to_string(), |record| index.add(artifact, &record)).map_err(|e| match e {
-            JsonlError::Handler(e) => ApiError::new(ErrorCode::RowsInvalid, format!("{}: {e}", path.display())),
+        scan_jsonl(file, &path.display().to_string(), |record| {
+            index.add(artifact, &record)
+        })
+        .map_err(|e| match e {
+            JsonlError::Handler(e) => {
+                ApiError::new(ErrorCode::RowsInvalid, format!("{}: {e}", path.display()))
+            }
             other => ApiError::new(ErrorCode::RowsInvalid, other.to_string()),
         })?;
     }
-    let plan = index.plan(&Budget { default_cap, extension }, &approvals);
+    let plan = index.plan(
+        &Budget {
+            default_cap,
+            extension,
+        },
+        &approvals,
+    );
     Ok((manifest, plan))
 }

@@ -34,14 +34,26 @@ pub fn metrics_handle() -> PrometheusHandle {
 impl AppState {
     /// A run's record and its companion paths (re-confined: the roots may have changed).
     pub async fn run(&self, run_id: &str) -> ApiResult<(RunRecord, SidecarPaths)> {
-        let run = self.registry.store().get_run(run_id).await?.ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
-        let paths = self.registry.paths_for(std::path::Path::new(&run.output_path))?;
+        let run = self
+            .registry
+            .store()
+            .get_run(run_id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
+        let paths = self
+            .registry
+            .paths_for(std::path::Path::new(&run.output_path))?;
         Ok((run, paths))
     }
 
     /// Runs blocking file work off the executor.
-    pub async fn blocking<T: Send + 'static>(&self, work: impl FnOnce() -> ApiResult<T> + Send + 'static) -> ApiResult<T> {
-        tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal("background file work", e))?
+    pub async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ApiError::internal("background file work", e))?
     }
 
     /// Refuses callers when another client holds a live lease on the run (423 with the holder),
@@ -52,8 +64,11 @@ impl AppState {
             && lease.expires_at > now
             && presented != Some(lease.lease_id.as_str())
         {
-            return Err(ApiError::new(crate::error::ErrorCode::RunLocked, format!("run {run_id} is held by {}", lease.holder))
-                .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})));
+            return Err(ApiError::new(
+                crate::error::ErrorCode::RunLocked,
+                format!("run {run_id} is held by {}", lease.holder),
+            )
+            .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})));
         }
         Ok(())
     }

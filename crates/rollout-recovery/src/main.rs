@@ -13,7 +13,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
-#[command(name = "rollout-recovery", version, about = "Resume authority for LLM evaluation and RL rollout collectors")]
+#[command(
+    name = "rollout-recovery",
+    version,
+    about = "Resume authority for LLM evaluation and RL rollout collectors"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -68,7 +72,12 @@ struct ServeArgs {
     #[arg(long = "root", env = "RR_ROOTS", value_delimiter = ',')]
     roots: Vec<PathBuf>,
     /// Bearer tokens as role:name:token (roles: viewer, collector, operator); none: unauthenticated, loopback only.
-    #[arg(long = "token", env = "RR_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "token",
+        env = "RR_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     tokens: Vec<String>,
     /// Largest request body, in MiB.
     #[arg(long, env = "RR_BODY_LIMIT_MB", default_value_t = 64)]
@@ -86,10 +95,18 @@ struct ServeArgs {
     #[arg(long = "semantic-key", env = "RR_SEMANTIC_KEYS", value_delimiter = ',')]
     semantic_keys: Vec<String>,
     /// Extra operational words for the drift classifier.
-    #[arg(long = "operational-word", env = "RR_OPERATIONAL_WORDS", value_delimiter = ',')]
+    #[arg(
+        long = "operational-word",
+        env = "RR_OPERATIONAL_WORDS",
+        value_delimiter = ','
+    )]
     operational_words: Vec<String>,
     /// Whole dotted keys declared operational.
-    #[arg(long = "operational-key", env = "RR_OPERATIONAL_KEYS", value_delimiter = ',')]
+    #[arg(
+        long = "operational-key",
+        env = "RR_OPERATIONAL_KEYS",
+        value_delimiter = ','
+    )]
     operational_keys: Vec<String>,
     /// This replica's name (default: host-pid).
     #[arg(long, env = "RR_REPLICA")]
@@ -114,8 +131,11 @@ fn env_max_attempts() -> u64 {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RR_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {
@@ -131,19 +151,34 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if !args.roots.is_empty() {
         config.roots = args.roots;
     }
-    config.tokens = args.tokens.iter().filter(|t| !t.is_empty()).map(|t| TokenEntry::parse(t)).collect::<Result<_, _>>().map_err(anyhow::Error::msg)?;
+    config.tokens = args
+        .tokens
+        .iter()
+        .filter(|t| !t.is_empty())
+        .map(|t| TokenEntry::parse(t))
+        .collect::<Result<_, _>>()
+        .map_err(anyhow::Error::msg)?;
     config.body_limit_bytes = args.body_limit_mb * 1024 * 1024;
     config.request_timeout = Duration::from_secs(args.request_timeout_secs);
-    config.default_max_attempts = args.max_rollout_attempts.unwrap_or_else(env_max_attempts).max(1);
+    config.default_max_attempts = args
+        .max_rollout_attempts
+        .unwrap_or_else(env_max_attempts)
+        .max(1);
     config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
-    config.drift_policy = DriftPolicy::extended(args.semantic_keys, args.operational_words, args.operational_keys);
+    config.drift_policy = DriftPolicy::extended(
+        args.semantic_keys,
+        args.operational_words,
+        args.operational_keys,
+    );
     if let Some(replica) = args.replica {
         config.replica = replica;
     }
     let bind = config.bind;
     let authenticated = !config.tokens.is_empty();
     let state = recovery_server::start(config, recovery_server::system_clock()).await?;
-    let listener = tokio::net::TcpListener::bind(bind).await.with_context(|| format!("cannot listen on {bind}"))?;
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("cannot listen on {bind}"))?;
     tracing::info!(address = %listener.local_addr()?, authenticated, "rollout-recovery serving");
     recovery_server::serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
@@ -175,14 +210,19 @@ fn openapi(write: bool, check: bool, path: PathBuf) -> anyhow::Result<()> {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        recovery_sidecar::atomic_write(&path, current.as_bytes(), None).with_context(|| format!("cannot write {}", path.display()))?;
+        recovery_sidecar::atomic_write(&path, current.as_bytes(), None)
+            .with_context(|| format!("cannot write {}", path.display()))?;
         println!("wrote {}", path.display());
         return Ok(());
     }
     if check {
-        let committed = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let committed = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         if committed != current {
-            anyhow::bail!("{} is out of date: run `rollout-recovery openapi --write`", path.display());
+            anyhow::bail!(
+                "{} is out of date: run `rollout-recovery openapi --write`",
+                path.display()
+            );
         }
         println!("{} is up to date", path.display());
         return Ok(());
@@ -193,7 +233,10 @@ fn openapi(write: bool, check: bool, path: PathBuf) -> anyhow::Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");

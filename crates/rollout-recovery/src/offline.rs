@@ -25,18 +25,31 @@ struct Bundle {
 
 fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
     let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value = recovery_core::canonical::parse_json(&text).with_context(|| format!("{} is not JSON", path.display()))?;
-    let field = |name: &str| value.get(name).cloned().with_context(|| format!("{}: the bundle needs a {name:?} object", path.display()));
+    let value = recovery_core::canonical::parse_json(&text)
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+    let field = |name: &str| {
+        value
+            .get(name)
+            .cloned()
+            .with_context(|| format!("{}: the bundle needs a {name:?} object", path.display()))
+    };
     let environment = match value.get("environment") {
         None | Some(Value::Null) => BTreeMap::new(),
-        Some(env) => serde_json::from_value(env.clone()).with_context(|| format!("{}: environment must map names to strings", path.display()))?,
+        Some(env) => serde_json::from_value(env.clone()).with_context(|| {
+            format!("{}: environment must map names to strings", path.display())
+        })?,
     };
     let rows = match value.get("rows") {
         None | Some(Value::Null) => None,
         Some(Value::Array(rows)) => Some(rows.clone()),
         Some(_) => bail!("{}: rows must be a list", path.display()),
     };
-    Ok(Bundle { config: field("config")?, global_config: field("global_config")?, environment, rows })
+    Ok(Bundle {
+        config: field("config")?,
+        global_config: field("global_config")?,
+        environment,
+        rows,
+    })
 }
 
 fn references(bundle: &Bundle, materialized: Option<&Path>) -> anyhow::Result<RowReferences> {
@@ -48,8 +61,13 @@ fn references(bundle: &Bundle, materialized: Option<&Path>) -> anyhow::Result<Ro
 }
 
 fn compute(bundle: &Bundle, refs: &RowReferences) -> anyhow::Result<ConfigurationIdentity> {
-    ConfigurationIdentity::compute(ConfigBundle { config: &bundle.config, global_config: &bundle.global_config, rows: refs, environment: &bundle.environment })
-        .map_err(|e| anyhow::anyhow!("{e} ({})", e.kind()))
+    ConfigurationIdentity::compute(ConfigBundle {
+        config: &bundle.config,
+        global_config: &bundle.global_config,
+        rows: refs,
+        environment: &bundle.environment,
+    })
+    .map_err(|e| anyhow::anyhow!("{e} ({})", e.kind()))
 }
 
 #[derive(Debug, Args)]
@@ -75,7 +93,10 @@ pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
         "identity": identity.identity,
     });
     if let Some(against) = &args.against {
-        let saved: Value = serde_json::from_slice(&std::fs::read(against).with_context(|| format!("cannot read {}", against.display()))?)?;
+        let saved: Value = serde_json::from_slice(
+            &std::fs::read(against)
+                .with_context(|| format!("cannot read {}", against.display()))?,
+        )?;
         let policy = DriftPolicy::default();
         let keys = differing_keys(&saved, &identity.identity);
         let drift = policy.classify_all(&keys);
@@ -118,21 +139,58 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
         }
         None => saved.materialized.clone().unwrap_or_default(),
     };
-    let source = recovery_core::canonical::sha256_reader(std::fs::File::open(&args.source).with_context(|| format!("cannot read {}", args.source.display()))?)?;
+    let source = recovery_core::canonical::sha256_reader(
+        std::fs::File::open(&args.source)
+            .with_context(|| format!("cannot read {}", args.source.display()))?,
+    )?;
     let current = match compute(&bundle, &refs) {
-        Ok(config) => Some(CurrentRun { source_digest: source, materialized_digest: materialized, config }),
+        Ok(config) => Some(CurrentRun {
+            source_digest: source,
+            materialized_digest: materialized,
+            config,
+        }),
         Err(e) if !args.allow_unsafe => return Err(e),
         Err(_) => None,
     };
-    let verdict = validate_resume(&saved, current.as_ref(), args.allow_unsafe, &DriftPolicy::default());
+    let verdict = validate_resume(
+        &saved,
+        current.as_ref(),
+        args.allow_unsafe,
+        &DriftPolicy::default(),
+    );
     let (code, report) = match verdict {
-        ResumeVerdict::Reuse { manifest } => (0, json!({"outcome": "reuse", "run_id": manifest.run_id})),
-        ResumeVerdict::ResumeWithDrift { manifest, operational_keys } => (0, json!({"outcome": "resume_with_drift", "run_id": manifest.run_id, "operational_keys": operational_keys})),
-        ResumeVerdict::Overridden { manifest, message, .. } => (0, json!({"outcome": "overridden", "run_id": manifest.run_id, "message": message})),
-        ResumeVerdict::ImportLegacy { message } => (0, json!({"outcome": "import_legacy", "message": message})),
-        ResumeVerdict::Refused { message, mismatches } => (1, json!({"outcome": "refused", "message": message, "mismatches": mismatches.iter().map(|m| m.code()).collect::<Vec<_>>()})),
-        ResumeVerdict::NoManifest { message } => (1, json!({"outcome": "no_manifest", "message": message})),
-        ResumeVerdict::Unreadable { message } => (1, json!({"outcome": "unreadable", "message": message})),
+        ResumeVerdict::Reuse { manifest } => {
+            (0, json!({"outcome": "reuse", "run_id": manifest.run_id}))
+        }
+        ResumeVerdict::ResumeWithDrift {
+            manifest,
+            operational_keys,
+        } => (
+            0,
+            json!({"outcome": "resume_with_drift", "run_id": manifest.run_id, "operational_keys": operational_keys}),
+        ),
+        ResumeVerdict::Overridden {
+            manifest, message, ..
+        } => (
+            0,
+            json!({"outcome": "overridden", "run_id": manifest.run_id, "message": message}),
+        ),
+        ResumeVerdict::ImportLegacy { message } => {
+            (0, json!({"outcome": "import_legacy", "message": message}))
+        }
+        ResumeVerdict::Refused {
+            message,
+            mismatches,
+        } => (
+            1,
+            json!({"outcome": "refused", "message": message, "mismatches": mismatches.iter().map(|m| m.code()).collect::<Vec<_>>()}),
+        ),
+        ResumeVerdict::NoManifest { message } => {
+            (1, json!({"outcome": "no_manifest", "message": message}))
+        }
+        ResumeVerdict::Unreadable { message } => {
+            (1, json!({"outcome": "unreadable", "message": message}))
+        }
     };
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(code)
@@ -151,18 +209,38 @@ pub struct PlanArgs {
 pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
     let output = std::fs::canonicalize(&args.output).unwrap_or(args.output.clone());
     let paths = SidecarPaths::for_output(&output);
-    let (_, plan) = runfiles::build_plan(&paths, args.default_max_attempts).map_err(|e| anyhow::anyhow!("{}", e.message))?;
-    println!("{}", serde_json::to_string_pretty(&json!({"plan": plan, "state_counts": plan.state_counts()}))?);
+    let (_, plan) = runfiles::build_plan(&paths, args.default_max_attempts)
+        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&json!({"plan": plan, "state_counts": plan.state_counts()}))?
+    );
     if let Some(message) = &plan.budget_message {
         eprintln!("{message} Failures: {}.", paths.failures.display());
     }
-    let finished = plan.entries.iter().all(|e| matches!(e.state, PlanState::Scored | PlanState::ModelFinal | PlanState::Omitted));
+    let finished = plan.entries.iter().all(|e| {
+        matches!(
+            e.state,
+            PlanState::Scored | PlanState::ModelFinal | PlanState::Omitted
+        )
+    });
     if finished {
         return Ok(0);
     }
-    let runnable = plan.entries.iter().any(|e| matches!(e.state, PlanState::Missing | PlanState::Retryable | PlanState::ApprovedRerun | PlanState::JudgeRecoverable));
+    let runnable = plan.entries.iter().any(|e| {
+        matches!(
+            e.state,
+            PlanState::Missing
+                | PlanState::Retryable
+                | PlanState::ApprovedRerun
+                | PlanState::JudgeRecoverable
+        )
+    });
     let error = IncompleteEvaluationError {
-        message: format!("{}/{} samples completed", plan.coverage.successful, plan.coverage.expected),
+        message: format!(
+            "{}/{} samples completed",
+            plan.coverage.successful, plan.coverage.expected
+        ),
         retryable: runnable,
         made_progress: plan.coverage.successful > 0,
         failure_kind: None,
@@ -187,17 +265,27 @@ pub struct ClassifyArgs {
 
 pub fn classify(args: ClassifyArgs) -> anyhow::Result<i32> {
     let policy = match &args.policy {
-        Some(path) => ClassificationPolicy::from_json(&std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?)?,
+        Some(path) => ClassificationPolicy::from_json(
+            &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+        )?,
         None => ClassificationPolicy::default(),
     };
-    let file = std::fs::File::open(&args.file).with_context(|| format!("cannot read {}", args.file.display()))?;
+    let file = std::fs::File::open(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let print_rows = args.rows;
-    let summary = recovery_core::classify::classify_jsonl(file, &args.file.display().to_string(), threads, &policy, args.retry_terminal_timeouts, |line, decision| {
-        if print_rows {
-            println!("{}", json!({"line": line, "decision": decision}));
-        }
-    })?;
+    let summary = recovery_core::classify::classify_jsonl(
+        file,
+        &args.file.display().to_string(),
+        threads,
+        &policy,
+        args.retry_terminal_timeouts,
+        |line, decision| {
+            if print_rows {
+                println!("{}", json!({"line": line, "decision": decision}));
+            }
+        },
+    )?;
     println!("{}", serde_json::to_string_pretty(&summary)?);
     Ok(0)
 }
@@ -206,11 +294,16 @@ pub fn digest(path: Option<PathBuf>, jsonl: bool) -> anyhow::Result<()> {
     let reader: Box<dyn std::io::Read + Send> = match path.as_deref() {
         None => Box::new(std::io::stdin()),
         Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin()),
-        Some(p) => Box::new(std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?),
+        Some(p) => Box::new(
+            std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?,
+        ),
     };
     if jsonl {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        println!("{}", recovery_core::materialized::materialized_digest(reader, threads)?.sha256);
+        println!(
+            "{}",
+            recovery_core::materialized::materialized_digest(reader, threads)?.sha256
+        );
     } else {
         let mut text = Vec::new();
         let mut reader = reader;
@@ -243,7 +336,11 @@ async fn answer(response: reqwest::Response) -> anyhow::Result<Value> {
     let status = response.status();
     let body: Value = response.json().await.unwrap_or(Value::Null);
     if !status.is_success() {
-        bail!("{status}: {} ({})", body["message"].as_str().unwrap_or("no message"), body["code"].as_str().unwrap_or("no code"));
+        bail!(
+            "{status}: {} ({})",
+            body["message"].as_str().unwrap_or("no message"),
+            body["code"].as_str().unwrap_or("no code")
+        );
     }
     Ok(body)
 }
@@ -266,9 +363,19 @@ pub struct ApproveArgs {
 
 pub async fn approve(args: ApproveArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
-    let url = format!("{}/runs/{}/approvals", args.client.url.trim_end_matches('/'), args.run);
+    let url = format!(
+        "{}/runs/{}/approvals",
+        args.client.url.trim_end_matches('/'),
+        args.run
+    );
     let body = json!({"task_index": args.task, "rollout_index": args.rollout, "attempt_index": args.attempt, "reason": args.reason});
-    let approval = answer(args.client.request(http.post(url).json(&body)).send().await?).await?;
+    let approval = answer(
+        args.client
+            .request(http.post(url).json(&body))
+            .send()
+            .await?,
+    )
+    .await?;
     println!("{}", serde_json::to_string_pretty(&approval)?);
     Ok(())
 }
@@ -292,13 +399,24 @@ pub struct DriftArgs {
 pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let mut query: Vec<(&str, String)> = vec![("limit", args.limit.to_string())];
-    for (name, value) in [("run_id", &args.run), ("key", &args.key), ("from", &args.from), ("to", &args.to)] {
+    for (name, value) in [
+        ("run_id", &args.run),
+        ("key", &args.key),
+        ("from", &args.from),
+        ("to", &args.to),
+    ] {
         if let Some(value) = value {
             query.push((name, value.clone()));
         }
     }
     let url = format!("{}/drift", args.client.url.trim_end_matches('/'));
-    let page = answer(args.client.request(http.get(url).query(&query)).send().await?).await?;
+    let page = answer(
+        args.client
+            .request(http.get(url).query(&query))
+            .send()
+            .await?,
+    )
+    .await?;
     println!("{}", serde_json::to_string_pretty(&page)?);
     Ok(())
 }

@@ -37,28 +37,59 @@ pub struct LeaseGranted {
 }
 
 fn granted(lease: &Lease) -> LeaseGranted {
-    LeaseGranted { lease_id: lease.lease_id.clone(), run_id: lease.run_id.clone(), holder: lease.holder.clone(), expires_at: lease.expires_at.clone() }
+    LeaseGranted {
+        lease_id: lease.lease_id.clone(),
+        run_id: lease.run_id.clone(),
+        holder: lease.holder.clone(),
+        expires_at: lease.expires_at.clone(),
+    }
 }
 
 fn ttl(state: &AppState, seconds: Option<u64>) -> ApiResult<time::Duration> {
-    let ttl = seconds.map_or(state.config.default_lease_ttl, std::time::Duration::from_secs);
+    let ttl = seconds.map_or(
+        state.config.default_lease_ttl,
+        std::time::Duration::from_secs,
+    );
     if ttl.is_zero() || ttl > state.config.max_lease_ttl {
-        return Err(ApiError::invalid(format!("ttl_seconds: must be between 1 and {}", state.config.max_lease_ttl.as_secs())));
+        return Err(ApiError::invalid(format!(
+            "ttl_seconds: must be between 1 and {}",
+            state.config.max_lease_ttl.as_secs()
+        )));
     }
     Ok(time::Duration::try_from(ttl).unwrap_or(time::Duration::MINUTE))
 }
 
-async fn lease_request(state: &AppState, run_id: &str, request: &AcquireRequest) -> ApiResult<LeaseRequest> {
+async fn lease_request(
+    state: &AppState,
+    run_id: &str,
+    request: &AcquireRequest,
+) -> ApiResult<LeaseRequest> {
     if request.holder.trim().is_empty() || request.host.trim().is_empty() {
         return Err(ApiError::invalid("holder and host: must not be empty"));
     }
     let (_, paths) = state.run(run_id).await?;
     let mut lock_paths = vec![paths.run_lock.clone()];
     if let Some(dir) = &request.checkpoint_dir {
-        let dir = state.registry.confinement().resolve(std::path::Path::new(dir)).map_err(|e| ApiError::new(crate::error::ErrorCode::PathRefused, format!("checkpoint_dir: {e}")))?;
+        let dir = state
+            .registry
+            .confinement()
+            .resolve(std::path::Path::new(dir))
+            .map_err(|e| {
+                ApiError::new(
+                    crate::error::ErrorCode::PathRefused,
+                    format!("checkpoint_dir: {e}"),
+                )
+            })?;
         lock_paths.push(recovery_sidecar::paths::checkpoint_lock_path(&dir));
     }
-    Ok(LeaseRequest { run_id: run_id.to_owned(), holder: request.holder.clone(), host: request.host.clone(), pid: request.pid, ttl: ttl(state, request.ttl_seconds)?, lock_paths })
+    Ok(LeaseRequest {
+        run_id: run_id.to_owned(),
+        holder: request.holder.clone(),
+        host: request.host.clone(),
+        pid: request.pid,
+        ttl: ttl(state, request.ttl_seconds)?,
+        lock_paths,
+    })
 }
 
 /// Take a run's lease (and with it the run's lock).
@@ -66,7 +97,12 @@ async fn lease_request(state: &AppState, run_id: &str, request: &AcquireRequest)
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 201, body = LeaseGranted), (status = 423, description = "Held by another client, or locked by another process", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn acquire(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Json(request): Json<AcquireRequest>) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
+pub async fn acquire(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    Json(request): Json<AcquireRequest>,
+) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     caller.require(Role::Collector)?;
     let lease_request = lease_request(&state, &run_id, &request).await?;
     let lease = state.leases.acquire(&lease_request).await?;
@@ -85,9 +121,21 @@ pub struct HeartbeatRequest {
 #[utoipa::path(post, path = "/runs/{run_id}/lease/heartbeat", tag = "leases", request_body = HeartbeatRequest,
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 200, body = LeaseGranted), (status = 409, description = "lease_not_held (expired or taken over)", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn heartbeat(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Json(request): Json<HeartbeatRequest>) -> ApiResult<Json<LeaseGranted>> {
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    Json(request): Json<HeartbeatRequest>,
+) -> ApiResult<Json<LeaseGranted>> {
     caller.require(Role::Collector)?;
-    let lease = state.leases.heartbeat(&run_id, &request.lease_id, ttl(&state, request.ttl_seconds)?).await?;
+    let lease = state
+        .leases
+        .heartbeat(
+            &run_id,
+            &request.lease_id,
+            ttl(&state, request.ttl_seconds)?,
+        )
+        .await?;
     Ok(Json(granted(&lease)))
 }
 
@@ -101,7 +149,12 @@ pub struct ReleaseRequest {
 #[utoipa::path(delete, path = "/runs/{run_id}/lease", tag = "leases", request_body = ReleaseRequest,
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 204, description = "Released"), (status = 409, description = "lease_not_held", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn release(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Json(request): Json<ReleaseRequest>) -> ApiResult<StatusCode> {
+pub async fn release(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    Json(request): Json<ReleaseRequest>,
+) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
     state.leases.release(&run_id, &request.lease_id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -110,12 +163,22 @@ pub async fn release(State(state): State<AppState>, Path(run_id): Path<String>, 
 /// Who holds a run (without the lease id).
 #[utoipa::path(get, path = "/runs/{run_id}/lease", tag = "leases", params(("run_id" = String, Path, description = "Run id")),
     responses((status = 200, body = Object, description = "The live holder, or null"), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn holder(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller) -> ApiResult<Json<serde_json::Value>> {
+pub async fn holder(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+) -> ApiResult<Json<serde_json::Value>> {
     caller.require(Role::Viewer)?;
     state.run(&run_id).await?;
     let now = state.registry.clock().now_text();
-    let lease = state.leases.holder(&run_id).await?.filter(|l| l.expires_at > now);
-    Ok(Json(serde_json::json!({"run_id": run_id, "holder": lease.as_ref().map(lease_holder)})))
+    let lease = state
+        .leases
+        .holder(&run_id)
+        .await?
+        .filter(|l| l.expires_at > now);
+    Ok(Json(
+        serde_json::json!({"run_id": run_id, "holder": lease.as_ref().map(lease_holder)}),
+    ))
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -134,14 +197,35 @@ pub struct TakeoverRequest {
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 201, body = LeaseGranted), (status = 423, description = "Another process holds the lock", body = ApiErrorBody),
         (status = 403, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn takeover(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Json(request): Json<TakeoverRequest>) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
+pub async fn takeover(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    Json(request): Json<TakeoverRequest>,
+) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     caller.require(Role::Operator)?;
     if request.reason.trim().is_empty() {
         return Err(ApiError::invalid("reason: say why the run is taken over"));
     }
-    let acquire = AcquireRequest { holder: request.holder.clone(), host: request.host.clone(), pid: request.pid, ttl_seconds: request.ttl_seconds, checkpoint_dir: None };
+    let acquire = AcquireRequest {
+        holder: request.holder.clone(),
+        host: request.host.clone(),
+        pid: request.pid,
+        ttl_seconds: request.ttl_seconds,
+        checkpoint_dir: None,
+    };
     let lease_request = lease_request(&state, &run_id, &acquire).await?;
-    let (lease, previous) = state.leases.takeover(&caller.name, &request.reason, &lease_request).await?;
-    audit(&state, &caller, "lease.takeover.request", Some(&run_id), serde_json::json!({"previous": previous.as_ref().map(lease_holder)})).await?;
+    let (lease, previous) = state
+        .leases
+        .takeover(&caller.name, &request.reason, &lease_request)
+        .await?;
+    audit(
+        &state,
+        &caller,
+        "lease.takeover.request",
+        Some(&run_id),
+        serde_json::json!({"previous": previous.as_ref().map(lease_holder)}),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(granted(&lease))))
 }

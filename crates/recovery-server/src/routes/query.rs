@@ -37,32 +37,66 @@ pub struct DriftPage {
 /// Normalises an RFC 3339 bound to the stored fixed-width form.
 fn time_bound(field: &str, text: &str) -> ApiResult<String> {
     let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map_err(|e| ApiError::invalid(format!("{field}: {text:?} is not an RFC 3339 time: {e}")))?;
+        .map_err(|e| {
+            ApiError::invalid(format!("{field}: {text:?} is not an RFC 3339 time: {e}"))
+        })?;
     Ok(recovery_sidecar::format_rfc3339(parsed))
 }
 
-async fn drift_page(state: &AppState, params: DriftParams, run_id: Option<String>) -> ApiResult<DriftPage> {
+async fn drift_page(
+    state: &AppState,
+    params: DriftParams,
+    run_id: Option<String>,
+) -> ApiResult<DriftPage> {
     let limit = params.limit.unwrap_or(100).clamp(1, 1000);
     let filter = DriftFilter {
         run_id: run_id.or(params.run_id),
         key: params.key,
-        from: params.from.as_deref().map(|t| time_bound("from", t)).transpose()?,
-        to: params.to.as_deref().map(|t| time_bound("to", t)).transpose()?,
+        from: params
+            .from
+            .as_deref()
+            .map(|t| time_bound("from", t))
+            .transpose()?,
+        to: params
+            .to
+            .as_deref()
+            .map(|t| time_bound("to", t))
+            .transpose()?,
         after: match params.cursor.as_deref() {
-            Some(text) => Some(Cursor::decode(text).ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?),
+            Some(text) => Some(
+                Cursor::decode(text)
+                    .ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?,
+            ),
             None => None,
         },
         limit,
     };
     let events = state.registry.store().query_drift(&filter).await?;
-    let next_cursor = (events.len() as u32 == limit).then(|| events.last().map(|e| Cursor { at: e.at.clone(), id: e.event_id.clone() }.encode())).flatten();
-    Ok(DriftPage { events, next_cursor })
+    let next_cursor = (events.len() as u32 == limit)
+        .then(|| {
+            events.last().map(|e| {
+                Cursor {
+                    at: e.at.clone(),
+                    id: e.event_id.clone(),
+                }
+                .encode()
+            })
+        })
+        .flatten();
+    Ok(DriftPage {
+        events,
+        next_cursor,
+    })
 }
 
 /// Every resume that crossed operational drift, across runs (oldest first).
 #[utoipa::path(get, path = "/drift", tag = "drift", params(DriftParams),
     responses((status = 200, body = DriftPage), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn drift(State(state): State<AppState>, caller: Caller, Query(params): Query<DriftParams>) -> ApiResult<Json<DriftPage>> {
+pub async fn drift(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(params): Query<DriftParams>,
+) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
     Ok(Json(drift_page(&state, params, None).await?))
 }
@@ -70,7 +104,12 @@ pub async fn drift(State(state): State<AppState>, caller: Caller, Query(params):
 /// Every resume of one run that crossed operational drift.
 #[utoipa::path(get, path = "/runs/{run_id}/drift", tag = "drift", params(("run_id" = String, Path, description = "Run id"), DriftParams),
     responses((status = 200, body = DriftPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn run_drift(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Query(params): Query<DriftParams>) -> ApiResult<Json<DriftPage>> {
+pub async fn run_drift(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    Query(params): Query<DriftParams>,
+) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
     state.run(&run_id).await?;
     Ok(Json(drift_page(&state, params, Some(run_id)).await?))
@@ -99,18 +138,29 @@ pub struct ClassifyResponse {
 /// Classify rows: what every predicate says of each, and what resume does with it.
 #[utoipa::path(post, path = "/classify", tag = "classification", request_body = ClassifyRequest,
     responses((status = 200, body = ClassifyResponse), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn classify(State(_state): State<AppState>, caller: Caller, Json(request): Json<ClassifyRequest>) -> ApiResult<Json<ClassifyResponse>> {
+pub async fn classify(
+    State(_state): State<AppState>,
+    caller: Caller,
+    Json(request): Json<ClassifyRequest>,
+) -> ApiResult<Json<ClassifyResponse>> {
     caller.require(Role::Viewer)?;
     let policy = match &request.policy {
-        Some(value) => ClassificationPolicy::from_json(value.to_string().as_bytes()).map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
+        Some(value) => ClassificationPolicy::from_json(value.to_string().as_bytes())
+            .map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
         None => ClassificationPolicy::default(),
     };
     for (i, row) in request.rows.iter().enumerate() {
         if !row.is_object() {
-            return Err(ApiError::invalid(format!("rows[{i}]: must be a JSON object")));
+            return Err(ApiError::invalid(format!(
+                "rows[{i}]: must be a JSON object"
+            )));
         }
     }
-    let decisions = request.rows.iter().map(|row| classify_row(row, &policy, request.retry_terminal_timeouts)).collect();
+    let decisions = request
+        .rows
+        .iter()
+        .map(|row| classify_row(row, &policy, request.retry_terminal_timeouts))
+        .collect();
     Ok(Json(ClassifyResponse { decisions }))
 }
 
@@ -138,19 +188,28 @@ pub struct PlanResponse {
     responses((status = 200, description = "The plan", body = PlanResponse),
         (status = 404, body = ApiErrorBody), (status = 409, description = "no_manifest", body = ApiErrorBody),
         (status = 422, description = "rows_invalid or manifest_unreadable", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn plan(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller) -> ApiResult<Json<PlanResponse>> {
+pub async fn plan(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+) -> ApiResult<Json<PlanResponse>> {
     caller.require(Role::Viewer)?;
     let (_, paths) = state.run(&run_id).await?;
     let cap = state.config.default_max_attempts;
-    let (_, plan) = state.blocking(move || runfiles::build_plan(&paths, cap)).await?;
+    let (_, plan) = state
+        .blocking(move || runfiles::build_plan(&paths, cap))
+        .await?;
     Ok(Json(PlanResponse {
         run_id: plan.run_id.clone(),
         cap: plan.cap,
-        entries: serde_json::to_value(&plan.entries).map_err(|e| ApiError::internal("serialising the plan", e))?,
-        coverage: serde_json::to_value(&plan.coverage).map_err(|e| ApiError::internal("serialising the plan", e))?,
+        entries: serde_json::to_value(&plan.entries)
+            .map_err(|e| ApiError::internal("serialising the plan", e))?,
+        coverage: serde_json::to_value(&plan.coverage)
+            .map_err(|e| ApiError::internal("serialising the plan", e))?,
         budget_message: plan.budget_message.clone(),
         warnings: plan.warnings.clone(),
-        state_counts: serde_json::to_value(plan.state_counts()).map_err(|e| ApiError::internal("serialising the plan", e))?,
+        state_counts: serde_json::to_value(plan.state_counts())
+            .map_err(|e| ApiError::internal("serialising the plan", e))?,
     }))
 }
 

@@ -65,20 +65,31 @@ pub struct RunCreated {
 }
 
 fn identity_error(error: recovery_core::identity::IdentityError) -> ApiError {
-    ApiError::new(ErrorCode::IdentityError, error.to_string()).with_details(serde_json::json!({"kind": error.kind()}))
+    ApiError::new(ErrorCode::IdentityError, error.to_string())
+        .with_details(serde_json::json!({"kind": error.kind()}))
 }
 
 fn confined_file(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
-    let resolved = state.registry.confinement().resolve(std::path::Path::new(path)).map_err(|e| ApiError::new(ErrorCode::PathRefused, format!("{field}: {e}")))?;
+    let resolved = state
+        .registry
+        .confinement()
+        .resolve(std::path::Path::new(path))
+        .map_err(|e| ApiError::new(ErrorCode::PathRefused, format!("{field}: {e}")))?;
     if !resolved.is_file() {
-        return Err(ApiError::invalid(format!("{field}: {} is not a readable file", resolved.display())));
+        return Err(ApiError::invalid(format!(
+            "{field}: {} is not a readable file",
+            resolved.display()
+        )));
     }
     Ok(resolved)
 }
 
 fn file_sha256(path: &std::path::Path) -> ApiResult<String> {
-    let file = std::fs::File::open(path).map_err(|e| ApiError::invalid(format!("source_path: cannot read {}: {e}", path.display())))?;
-    sha256_reader(file).map_err(|e| ApiError::invalid(format!("source_path: cannot read {}: {e}", path.display())))
+    let file = std::fs::File::open(path).map_err(|e| {
+        ApiError::invalid(format!("source_path: cannot read {}: {e}", path.display()))
+    })?;
+    sha256_reader(file)
+        .map_err(|e| ApiError::invalid(format!("source_path: cannot read {}: {e}", path.display())))
 }
 
 /// Moves every existing sidecar of an output aside (never deletes), returning the new names.
@@ -118,15 +129,23 @@ fn non_empty(path: &std::path::Path) -> bool {
         (status = 422, description = "invalid_request, path_refused or identity_error", body = ApiErrorBody),
         (status = 423, description = "Another process holds the run lock (run_locked)", body = ApiErrorBody),
         (status = 401, body = ApiErrorBody), (status = 403, body = ApiErrorBody)))]
-pub async fn create_run(State(state): State<AppState>, caller: Caller, Json(request): Json<CreateRunRequest>) -> ApiResult<(StatusCode, Json<RunCreated>)> {
+pub async fn create_run(
+    State(state): State<AppState>,
+    caller: Caller,
+    Json(request): Json<CreateRunRequest>,
+) -> ApiResult<(StatusCode, Json<RunCreated>)> {
     caller.require(Role::Collector)?;
     if request.replace {
         caller.require(Role::Operator)?;
     }
     if request.max_rollout_attempts == Some(0) {
-        return Err(ApiError::invalid("max_rollout_attempts: must be at least 1"));
+        return Err(ApiError::invalid(
+            "max_rollout_attempts: must be at least 1",
+        ));
     }
-    let paths = state.registry.paths_for(std::path::Path::new(&request.output_path))?;
+    let paths = state
+        .registry
+        .paths_for(std::path::Path::new(&request.output_path))?;
     let source = confined_file(&state, &request.source_path, "source_path")?;
     let work_state = state.clone();
     let work_paths = paths.clone();
@@ -194,10 +213,27 @@ pub async fn create_run(State(state): State<AppState>, caller: Caller, Json(requ
         })
         .await?;
     if !replaced.is_empty() {
-        state.registry.store().detach_output(&paths.output.display().to_string(), &format!(".replaced-{}", recovery_sidecar::new_id())).await?;
-        audit(&state, &caller, "run.replace", Some(&manifest.run_id), serde_json::json!({"moved": replaced})).await?;
+        state
+            .registry
+            .store()
+            .detach_output(
+                &paths.output.display().to_string(),
+                &format!(".replaced-{}", recovery_sidecar::new_id()),
+            )
+            .await?;
+        audit(
+            &state,
+            &caller,
+            "run.replace",
+            Some(&manifest.run_id),
+            serde_json::json!({"moved": replaced}),
+        )
+        .await?;
     }
-    state.registry.write_manifest(&paths, &manifest, Some(&identity.identity)).await?;
+    state
+        .registry
+        .write_manifest(&paths, &manifest, Some(&identity.identity))
+        .await?;
     metrics::counter!("rollout_recovery_runs_created_total").increment(1);
     Ok((
         StatusCode::CREATED,
@@ -214,7 +250,13 @@ pub async fn create_run(State(state): State<AppState>, caller: Caller, Json(requ
     ))
 }
 
-pub(crate) async fn audit(state: &AppState, caller: &Caller, action: &str, run_id: Option<&str>, details: Value) -> ApiResult<()> {
+pub(crate) async fn audit(
+    state: &AppState,
+    caller: &Caller,
+    action: &str,
+    run_id: Option<&str>,
+    details: Value,
+) -> ApiResult<()> {
     state
         .registry
         .store()
@@ -292,7 +334,12 @@ fn mismatch_details(mismatches: &[Mismatch]) -> Value {
         (status = 422, description = "manifest_unreadable, identity_error, invalid_request", body = ApiErrorBody),
         (status = 423, description = "Another client holds the run's lease (run_locked, with the holder)", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody), (status = 403, body = ApiErrorBody)))]
-pub async fn validate(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller, Json(request): Json<ValidateRequest>) -> ApiResult<Json<ValidateResponse>> {
+pub async fn validate(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    Json(request): Json<ValidateRequest>,
+) -> ApiResult<Json<ValidateResponse>> {
     caller.require(Role::Collector)?;
     let (run, paths) = state.run(&run_id).await?;
     let mut event = ResumeEvent {
@@ -322,13 +369,21 @@ pub async fn validate(State(state): State<AppState>, Path(run_id): Path<String>,
         event.message = error.message.clone();
     }
     state.registry.store().insert_resume_event(&event).await?;
-    metrics::counter!("rollout_recovery_validations_total", "outcome" => event.outcome.clone()).increment(1);
+    metrics::counter!("rollout_recovery_validations_total", "outcome" => event.outcome.clone())
+        .increment(1);
     result.map(Json)
 }
 
-async fn validate_inner(state: &AppState, paths: &SidecarPaths, request: &ValidateRequest, event: &mut ResumeEvent) -> ApiResult<ValidateResponse> {
+async fn validate_inner(
+    state: &AppState,
+    paths: &SidecarPaths,
+    request: &ValidateRequest,
+    event: &mut ResumeEvent,
+) -> ApiResult<ValidateResponse> {
     let run_id = event.run_id.clone().unwrap_or_default();
-    state.check_lease(&run_id, request.lease_id.as_deref()).await?;
+    state
+        .check_lease(&run_id, request.lease_id.as_deref())
+        .await?;
     let source = confined_file(state, &request.source_path, "source_path")?;
     let (work_paths, work_request) = (paths.clone(), request.clone());
     let (saved, current) = state
@@ -337,9 +392,10 @@ async fn validate_inner(state: &AppState, paths: &SidecarPaths, request: &Valida
             let current_rows = match &work_request.rows {
                 Some(rows) => {
                     let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-                    let digest = recovery_core::materialized::materialized_digest(text.as_bytes(), 1)
-                        .map_err(|e| ApiError::invalid(format!("rows: {e}")))?
-                        .sha256;
+                    let digest =
+                        recovery_core::materialized::materialized_digest(text.as_bytes(), 1)
+                            .map_err(|e| ApiError::invalid(format!("rows: {e}")))?
+                            .sha256;
                     Some((digest, RowReferences::from_rows(rows)))
                 }
                 None => None,
@@ -347,7 +403,8 @@ async fn validate_inner(state: &AppState, paths: &SidecarPaths, request: &Valida
             let (materialized_digest, references) = match current_rows {
                 Some(current) => current,
                 None => {
-                    let references = runfiles::row_references(&work_paths.materialized).unwrap_or_default();
+                    let references =
+                        runfiles::row_references(&work_paths.materialized).unwrap_or_default();
                     (saved.materialized.clone().unwrap_or_default(), references)
                 }
             };
@@ -358,7 +415,11 @@ async fn validate_inner(state: &AppState, paths: &SidecarPaths, request: &Valida
                 environment: &work_request.environment,
             });
             let current = match identity {
-                Ok(config) => Some(CurrentRun { source_digest: file_sha256(&source)?, materialized_digest, config }),
+                Ok(config) => Some(CurrentRun {
+                    source_digest: file_sha256(&source)?,
+                    materialized_digest,
+                    config,
+                }),
                 // Like the collector: without allow_unsafe a configuration error propagates.
                 Err(e) if !work_request.allow_unsafe => return Err(identity_error(e)),
                 Err(_) => None,
@@ -368,45 +429,106 @@ async fn validate_inner(state: &AppState, paths: &SidecarPaths, request: &Valida
         .await?;
     event.current_config_digest = current.as_ref().map(|c| c.config.config_digest.clone());
     let config_digest = event.current_config_digest.clone().unwrap_or_default();
-    match validate_resume(&saved, current.as_ref(), request.allow_unsafe, &state.config.drift_policy) {
+    match validate_resume(
+        &saved,
+        current.as_ref(),
+        request.allow_unsafe,
+        &state.config.drift_policy,
+    ) {
         ResumeVerdict::Reuse { manifest } => {
             event.outcome = "reuse".into();
-            Ok(ValidateResponse { outcome: "reuse".into(), run_id, message: None, operational_keys: vec![], drift_event_id: None, config_digest, manifest: Some(manifest.to_value()) })
+            Ok(ValidateResponse {
+                outcome: "reuse".into(),
+                run_id,
+                message: None,
+                operational_keys: vec![],
+                drift_event_id: None,
+                config_digest,
+                manifest: Some(manifest.to_value()),
+            })
         }
-        ResumeVerdict::ResumeWithDrift { manifest, operational_keys } => {
-            let drift = state.registry.record_drift(paths, &manifest, &config_digest, &operational_keys).await?;
+        ResumeVerdict::ResumeWithDrift {
+            manifest,
+            operational_keys,
+        } => {
+            let drift = state
+                .registry
+                .record_drift(paths, &manifest, &config_digest, &operational_keys)
+                .await?;
             event.outcome = "resume_with_drift".into();
             event.operational_keys = operational_keys.clone();
-            let message = format!("Resuming across operational configuration drift: {}.", operational_keys.join(", "));
+            let message = format!(
+                "Resuming across operational configuration drift: {}.",
+                operational_keys.join(", ")
+            );
             tracing::warn!(run_id = %run_id, keys = ?operational_keys, "resume across operational drift");
-            Ok(ValidateResponse { outcome: "resume_with_drift".into(), run_id, message: Some(message), operational_keys, drift_event_id: Some(drift.event_id), config_digest, manifest: Some(manifest.to_value()) })
+            Ok(ValidateResponse {
+                outcome: "resume_with_drift".into(),
+                run_id,
+                message: Some(message),
+                operational_keys,
+                drift_event_id: Some(drift.event_id),
+                config_digest,
+                manifest: Some(manifest.to_value()),
+            })
         }
-        ResumeVerdict::Refused { message, mismatches } => {
+        ResumeVerdict::Refused {
+            message,
+            mismatches,
+        } => {
             event.reasons = mismatches.iter().map(|m| m.code().to_owned()).collect();
             event.semantic_keys = mismatches
                 .iter()
                 .filter_map(|m| match m {
-                    Mismatch::SemanticConfiguration(keys) => Some(keys.iter().map(|k| k.key.clone())),
+                    Mismatch::SemanticConfiguration(keys) => {
+                        Some(keys.iter().map(|k| k.key.clone()))
+                    }
                     _ => None,
                 })
                 .flatten()
                 .collect();
-            Err(ApiError::new(ErrorCode::ResumeRefused, message).with_details(mismatch_details(&mismatches)))
+            Err(ApiError::new(ErrorCode::ResumeRefused, message)
+                .with_details(mismatch_details(&mismatches)))
         }
         ResumeVerdict::NoManifest { message } => Err(ApiError::new(ErrorCode::NoManifest, message)),
-        ResumeVerdict::Unreadable { message } => Err(ApiError::new(ErrorCode::ManifestUnreadable, message)),
-        ResumeVerdict::Overridden { manifest, message, mismatches } => {
-            state.registry.write_manifest(paths, &manifest, None).await?;
+        ResumeVerdict::Unreadable { message } => {
+            Err(ApiError::new(ErrorCode::ManifestUnreadable, message))
+        }
+        ResumeVerdict::Overridden {
+            manifest,
+            message,
+            mismatches,
+        } => {
+            state
+                .registry
+                .write_manifest(paths, &manifest, None)
+                .await?;
             event.outcome = "overridden".into();
             event.message = message.clone();
             event.reasons = mismatches.iter().map(|m| m.code().to_owned()).collect();
             tracing::warn!(run_id = %run_id, "resume accepted with allow_unsafe: identity overridden");
-            Ok(ValidateResponse { outcome: "overridden".into(), run_id, message: Some(message), operational_keys: vec![], drift_event_id: None, config_digest, manifest: Some(manifest.to_value()) })
+            Ok(ValidateResponse {
+                outcome: "overridden".into(),
+                run_id,
+                message: Some(message),
+                operational_keys: vec![],
+                drift_event_id: None,
+                config_digest,
+                manifest: Some(manifest.to_value()),
+            })
         }
         ResumeVerdict::ImportLegacy { message } => {
             event.outcome = "import_legacy".into();
             event.message = message.clone();
-            Ok(ValidateResponse { outcome: "import_legacy".into(), run_id, message: Some(message), operational_keys: vec![], drift_event_id: None, config_digest, manifest: None })
+            Ok(ValidateResponse {
+                outcome: "import_legacy".into(),
+                run_id,
+                message: Some(message),
+                operational_keys: vec![],
+                drift_event_id: None,
+                config_digest,
+                manifest: None,
+            })
         }
     }
 }
@@ -449,27 +571,63 @@ pub struct ListParams {
 /// List runs (newest first), or look one up by output path.
 #[utoipa::path(get, path = "/runs", tag = "runs", params(ListParams),
     responses((status = 200, body = RunList), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn list_runs(State(state): State<AppState>, caller: Caller, Query(params): Query<ListParams>) -> ApiResult<Json<RunList>> {
+pub async fn list_runs(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(params): Query<ListParams>,
+) -> ApiResult<Json<RunList>> {
     caller.require(Role::Viewer)?;
     if let Some(output) = params.output_path {
-        let resolved = state.registry.confinement().resolve(std::path::Path::new(&output)).map_err(|e| ApiError::new(ErrorCode::PathRefused, e.to_string()))?;
-        let run = state.registry.store().find_run_by_output(&resolved.display().to_string()).await?;
-        return Ok(Json(RunList { runs: run.into_iter().collect(), next_cursor: None }));
+        let resolved = state
+            .registry
+            .confinement()
+            .resolve(std::path::Path::new(&output))
+            .map_err(|e| ApiError::new(ErrorCode::PathRefused, e.to_string()))?;
+        let run = state
+            .registry
+            .store()
+            .find_run_by_output(&resolved.display().to_string())
+            .await?;
+        return Ok(Json(RunList {
+            runs: run.into_iter().collect(),
+            next_cursor: None,
+        }));
     }
     let cursor = match params.cursor.as_deref() {
-        Some(text) => Some(Cursor::decode(text).ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?),
+        Some(text) => Some(
+            Cursor::decode(text)
+                .ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?,
+        ),
         None => None,
     };
     let limit = params.limit.unwrap_or(100).clamp(1, 1000);
-    let runs = state.registry.store().list_runs(limit, cursor.as_ref()).await?;
-    let next_cursor = (runs.len() as u32 == limit).then(|| runs.last().map(|r| Cursor { at: r.created_at.clone(), id: r.run_id.clone() }.encode())).flatten();
+    let runs = state
+        .registry
+        .store()
+        .list_runs(limit, cursor.as_ref())
+        .await?;
+    let next_cursor = (runs.len() as u32 == limit)
+        .then(|| {
+            runs.last().map(|r| {
+                Cursor {
+                    at: r.created_at.clone(),
+                    id: r.run_id.clone(),
+                }
+                .encode()
+            })
+        })
+        .flatten();
     Ok(Json(RunList { runs, next_cursor }))
 }
 
 /// One run: its record, manifest, lease holder and caps.
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs", params(("run_id" = String, Path, description = "Run id")),
     responses((status = 200, body = RunView), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>, caller: Caller) -> ApiResult<Json<RunView>> {
+pub async fn get_run(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+) -> ApiResult<Json<RunView>> {
     caller.require(Role::Viewer)?;
     let (run, paths) = state.run(&run_id).await?;
     let work_paths = paths.clone();
@@ -481,12 +639,30 @@ pub async fn get_run(State(state): State<AppState>, Path(run_id): Path<String>, 
         })
         .await?;
     let (manifest_value, problem, saved_cap) = match manifest {
-        recovery_core::verdict::SavedManifest::Read(m) => (Some(m.to_value()), None, m.max_rollout_attempts),
+        recovery_core::verdict::SavedManifest::Read(m) => {
+            (Some(m.to_value()), None, m.max_rollout_attempts)
+        }
         recovery_core::verdict::SavedManifest::Missing => (None, Some("missing".to_owned()), None),
         recovery_core::verdict::SavedManifest::Unreadable(reason) => (None, Some(reason), None),
     };
     let now = state.registry.clock().now_text();
-    let lease = state.registry.store().get_lease(&run_id).await?.filter(|l| l.expires_at > now).map(|l| lease_holder(&l));
-    let effective_cap = manifest_value.as_ref().map(|_| saved_cap.unwrap_or(state.config.default_max_attempts) + extension.unwrap_or(0));
-    Ok(Json(RunView { run, manifest: manifest_value, manifest_problem: problem, lease, saved_cap, attempt_extension: extension, effective_cap }))
+    let lease = state
+        .registry
+        .store()
+        .get_lease(&run_id)
+        .await?
+        .filter(|l| l.expires_at > now)
+        .map(|l| lease_holder(&l));
+    let effective_cap = manifest_value
+        .as_ref()
+        .map(|_| saved_cap.unwrap_or(state.config.default_max_attempts) + extension.unwrap_or(0));
+    Ok(Json(RunView {
+        run,
+        manifest: manifest_value,
+        manifest_problem: problem,
+        lease,
+        saved_cap,
+        attempt_extension: extension,
+        effective_cap,
+    }))
 }

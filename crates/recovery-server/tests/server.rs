@@ -1,0 +1,1207 @@
+//! The one integration-test binary of `recovery-server`: every endpoint and its error paths,
+//! driven in process through the router (`oneshot`), over a real SQLite file and real files.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use recovery_runs::{Clock, ManualClock};
+use recovery_server::config::{ServerConfig, TokenEntry};
+use recovery_server::state::AppState;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tower::ServiceExt as _;
+
+const OPERATOR: &str = "operator-token-0123456789";
+const COLLECTOR: &str = "collector-token-0123456789";
+const VIEWER: &str = "viewer-token-0123456789";
+const SECRET: &str = "sk-live-S3CR3T-value";
+
+struct TestApp {
+    state: AppState,
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    clock: Arc<ManualClock>,
+}
+
+struct Reply {
+    status: StatusCode,
+    body: Value,
+}
+
+impl TestApp {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut config = ServerConfig::local(dir.path().join("data"));
+        config.roots = vec![dir.path().join("runs")];
+        config.tokens = vec![
+            TokenEntry::parse(&format!("operator:alice:{OPERATOR}")).expect("token"),
+            TokenEntry::parse(&format!("collector:collector-1:{COLLECTOR}")).expect("token"),
+            TokenEntry::parse(&format!("viewer:dashboard:{VIEWER}")).expect("token"),
+        ];
+        let clock = Arc::new(ManualClock::new(time::OffsetDateTime::now_utc()));
+        let state = recovery_server::start(config, clock.clone())
+            .await
+            .expect("start");
+        let root = std::fs::canonicalize(dir.path().join("runs")).expect("root");
+        std::fs::create_dir_all(root.join("data")).expect("data dir");
+        std::fs::write(
+            root.join("data/train.jsonl"),
+            b"{\"question\": \"1+1?\"}\n{\"question\": \"2+2?\"}\n",
+        )
+        .expect("source");
+        Self {
+            state,
+            _dir: dir,
+            root,
+            clock,
+        }
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        uri: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Reply {
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        let request = match body {
+            Some(body) => request
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string())),
+            None => request.body(Body::empty()),
+        }
+        .expect("request");
+        let response = recovery_server::app(self.state.clone())
+            .oneshot(request)
+            .await
+            .expect("response");
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        Reply { status, body }
+    }
+
+    fn output(&self) -> PathBuf {
+        self.root.join("exp/out.jsonl")
+    }
+
+    fn source(&self) -> PathBuf {
+        self.root.join("data/train.jsonl")
+    }
+
+    fn create_body(&self) -> Value {
+        json!({
+            "output_path": self.output(),
+            "source_path": self.source(),
+            "config": config(0.3),
+            "global_config": global(8000),
+            "environment": {"NGT_REVIEW_PROMPT": "Be strict.", "OPENAI_API_KEY": SECRET},
+            "rows": rows(),
+        })
+    }
+
+    async fn create(&self) -> String {
+        let reply = self
+            .call(
+                Method::POST,
+                "/runs",
+                Some(COLLECTOR),
+                Some(self.create_body()),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        reply.body["run_id"].as_str().expect("run id").to_owned()
+    }
+
+    fn validate_body(&self, temperature: f64, port: i64) -> Value {
+        json!({"config": config(temperature), "global_config": global(port), "environment": {"NGT_REVIEW_PROMPT": "Be strict."}, "source_path": self.source()})
+    }
+
+    async fn lease(&self, run_id: &str, holder: &str) -> Reply {
+        self.call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"holder": holder, "host": "node-1", "pid": 4242, "ttl_seconds": 60})),
+        )
+        .await
+    }
+}
+
+fn config(temperature: f64) -> Value {
+    json!({"limit": 2, "responses_create_params": {"temperature": temperature}, "num_samples_in_parallel": 8, "output_jsonl_fpath": "/x/out.jsonl"})
+}
+
+fn global(sandbox_port: i64) -> Value {
+    json!({
+        "policy_api_key": SECRET,
+        "policy_model": {"responses_api_models": {"vllm_model": {"model": "model-A", "api_key": "${policy_api_key}", "host": "127.0.0.1", "port": 9001,
+            "headers": {"Authorization": format!("Bearer {SECRET}"), "X-Dataset-Version": "v1"}}}},
+        "judge": {"resources_servers": {"math_with_judge": {"judge_model_server": {"type": "responses_api_models", "name": "policy_model"},
+            "review_prompt": "${oc.env:NGT_REVIEW_PROMPT}", "client_secret": SECRET, "mirror": format!("https://user:{SECRET}@example.org/data")}}},
+        "math_agent": {"responses_api_agents": {"simple_agent": {"resources_server": {"type": "resources_servers", "name": "judge"},
+            "model_server": {"type": "responses_api_models", "name": "policy_model"}, "sandbox": {"sandbox_port": sandbox_port}}}}
+    })
+}
+
+fn rows() -> Value {
+    json!([
+        {"agent_ref": {"name": "math_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0, "question": "1+1?"},
+        {"agent_ref": {"name": "math_agent"}, "_ng_task_index": 1, "_ng_rollout_index": 0, "question": "2+2?"}
+    ])
+}
+
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("dir").filter_map(Result::ok) {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(files_under(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_committed_and_lists_every_route_with_its_errors() {
+    let committed = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../openapi/openapi.json"),
+    )
+    .expect("committed spec");
+    assert_eq!(
+        committed,
+        recovery_server::openapi_json(),
+        "run `rollout-recovery openapi --write` and commit openapi/openapi.json"
+    );
+    let spec: Value = serde_json::from_str(&committed).expect("json");
+    for (path, methods) in spec["paths"].as_object().expect("paths") {
+        for (method, operation) in methods.as_object().expect("methods") {
+            let responses = operation["responses"].as_object().expect("responses");
+            if !["/healthz", "/readyz", "/metrics", "/openapi.json"].contains(&path.as_str()) {
+                assert!(
+                    responses.contains_key("401"),
+                    "{method} {path} lists its authentication error"
+                );
+            }
+        }
+    }
+    let app = TestApp::new().await;
+    let served = app.call(Method::GET, "/openapi.json", None, None).await;
+    assert_eq!(served.status, StatusCode::OK);
+    assert_eq!(served.body, spec);
+}
+
+#[tokio::test]
+async fn requests_need_a_known_token_and_a_sufficient_role() {
+    let app = TestApp::new().await;
+    let missing = app.call(Method::GET, "/runs", None, None).await;
+    assert_eq!(
+        (missing.status, missing.body["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("unauthenticated"))
+    );
+    let unknown = app
+        .call(Method::GET, "/runs", Some("not-a-token-at-all"), None)
+        .await;
+    assert_eq!(unknown.status, StatusCode::UNAUTHORIZED);
+    let viewer_creates = app
+        .call(Method::POST, "/runs", Some(VIEWER), Some(app.create_body()))
+        .await;
+    assert_eq!(
+        (viewer_creates.status, viewer_creates.body["code"].as_str()),
+        (StatusCode::FORBIDDEN, Some("forbidden"))
+    );
+    assert_eq!(
+        app.call(Method::GET, "/runs", Some(VIEWER), None)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(
+            app.call(Method::GET, path, None, None).await.status,
+            StatusCode::OK,
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn creating_a_run_writes_its_sidecars_and_refuses_bad_input_without_writing() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    for path in [
+        &paths.manifest,
+        &paths.identity,
+        &paths.materialized,
+        &paths.output,
+        &paths.failures,
+    ] {
+        assert!(path.exists(), "{} is written", path.display());
+    }
+    let manifest = recovery_core::manifest::RunManifest::from_json_bytes(
+        &std::fs::read(&paths.manifest).expect("manifest"),
+    )
+    .expect("readable");
+    assert_eq!(
+        (manifest.run_id.as_str(), manifest.max_rollout_attempts),
+        (run_id.as_str(), Some(3))
+    );
+    let again = app
+        .call(
+            Method::POST,
+            "/runs",
+            Some(COLLECTOR),
+            Some(app.create_body()),
+        )
+        .await;
+    assert_eq!(
+        (
+            again.status,
+            again.body["code"].as_str(),
+            again.body["details"]["run_id"].as_str()
+        ),
+        (
+            StatusCode::CONFLICT,
+            Some("run_exists"),
+            Some(run_id.as_str())
+        )
+    );
+    let bytes_before = std::fs::read(&paths.manifest).expect("manifest");
+    let mut outside = app.create_body();
+    outside["output_path"] = json!("/etc/out.jsonl");
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(outside))
+        .await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused"))
+    );
+    let mut missing_server = app.create_body();
+    missing_server["output_path"] = json!(app.root.join("exp2/out.jsonl"));
+    missing_server["rows"] = json!([{"agent_ref": {"name": "ghost_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0}]);
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(missing_server))
+        .await;
+    assert_eq!(
+        (
+            reply.status,
+            reply.body["code"].as_str(),
+            reply.body["details"]["kind"].as_str()
+        ),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("identity_error"),
+            Some("missing_server")
+        )
+    );
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .expect("message")
+            .contains("ghost_agent")
+    );
+    assert!(
+        !app.root.join("exp2/out_manifest.json").exists(),
+        "a refused create leaves no manifest"
+    );
+    let mut unknown_field = app.create_body();
+    unknown_field["surprise"] = json!(1);
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(unknown_field))
+        .await;
+    assert!(
+        reply.status.is_client_error(),
+        "unknown fields are refused: {}",
+        reply.status
+    );
+    let mut no_rows = app.create_body();
+    no_rows["output_path"] = json!(app.root.join("exp3/out.jsonl"));
+    no_rows.as_object_mut().expect("object").remove("rows");
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(no_rows))
+        .await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request"))
+    );
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .expect("message")
+            .starts_with("rows:")
+    );
+    let mut replace = app.create_body();
+    replace["replace"] = json!(true);
+    assert_eq!(
+        app.call(
+            Method::POST,
+            "/runs",
+            Some(COLLECTOR),
+            Some(replace.clone())
+        )
+        .await
+        .status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        std::fs::read(&paths.manifest).expect("manifest"),
+        bytes_before,
+        "refusals leave the run untouched"
+    );
+    let replaced = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(replace))
+        .await;
+    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    let moved = replaced.body["replaced"].as_array().expect("moved");
+    assert!(
+        moved.iter().any(|m| m
+            .as_str()
+            .expect("path")
+            .contains("out_manifest.json.replaced-")),
+        "old sidecars are moved aside, never deleted"
+    );
+    assert_ne!(replaced.body["run_id"].as_str(), Some(run_id.as_str()));
+}
+
+#[tokio::test]
+async fn no_credential_value_reaches_a_file_a_row_or_a_response() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let mut port_change = app.validate_body(0.3, 9000);
+    port_change["environment"]["OPENAI_API_KEY"] = json!(SECRET);
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(port_change),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let run = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert!(!run.body.to_string().contains("S3CR3T") && !reply.body.to_string().contains("S3CR3T"));
+    let data = app._dir.path().to_owned();
+    for file in files_under(&data) {
+        let bytes = std::fs::read(&file).expect("file");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains("S3CR3T"),
+            "a credential leaked into {}",
+            file.display()
+        );
+    }
+    let identity =
+        std::fs::read_to_string(recovery_sidecar::SidecarPaths::for_output(&app.output()).identity)
+            .expect("identity");
+    assert!(
+        identity.contains("<redacted>") && identity.contains("Be strict."),
+        "{identity}"
+    );
+}
+
+#[tokio::test]
+async fn validate_reuses_journals_operational_drift_and_refuses_semantic_drift() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let uri = format!("/runs/{run_id}/validate");
+    app.clock.advance(time::Duration::seconds(1));
+    let reuse = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(
+        (reuse.status, reuse.body["outcome"].as_str()),
+        (StatusCode::OK, Some("reuse")),
+        "{}",
+        reuse.body
+    );
+    app.clock.advance(time::Duration::seconds(1));
+    let drift = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 9000)),
+        )
+        .await;
+    assert_eq!(
+        drift.body["outcome"].as_str(),
+        Some("resume_with_drift"),
+        "{}",
+        drift.body
+    );
+    let key = "servers.math_agent.responses_api_agents.simple_agent.sandbox.sandbox_port";
+    assert_eq!(drift.body["operational_keys"], json!([key]));
+    let journal = std::fs::read_to_string(
+        recovery_sidecar::SidecarPaths::for_output(&app.output()).resume_drift,
+    )
+    .expect("journal");
+    assert_eq!(journal.lines().count(), 1);
+    assert!(
+        journal.contains(key) && !journal.contains("9000"),
+        "keys and digests only: {journal}"
+    );
+    app.clock.advance(time::Duration::seconds(1));
+    let refused = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.8, 8000)),
+        )
+        .await;
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("resume_refused"))
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .expect("message")
+            .contains("collection.responses_create_params.temperature")
+    );
+    assert_eq!(
+        refused.body["details"]["semantic_keys"][0]["key"],
+        "collection.responses_create_params.temperature"
+    );
+    app.clock.advance(time::Duration::seconds(1));
+    let mut changed_source = app.validate_body(0.3, 8000);
+    std::fs::write(app.root.join("data/other.jsonl"), b"{}\n").expect("other source");
+    changed_source["source_path"] = json!(app.root.join("data/other.jsonl"));
+    app.clock.advance(time::Duration::seconds(1));
+    let reply = app
+        .call(Method::POST, &uri, Some(COLLECTOR), Some(changed_source))
+        .await;
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .expect("message")
+            .contains("incompatible source dataset")
+    );
+    app.clock.advance(time::Duration::seconds(1));
+    let mut unsafe_resume = app.validate_body(0.8, 8000);
+    unsafe_resume["allow_unsafe"] = json!(true);
+    app.clock.advance(time::Duration::seconds(1));
+    let overridden = app
+        .call(Method::POST, &uri, Some(COLLECTOR), Some(unsafe_resume))
+        .await;
+    assert_eq!(overridden.body["outcome"].as_str(), Some("overridden"));
+    app.clock.advance(time::Duration::seconds(1));
+    let sticky = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert!(
+        sticky.body["message"]
+            .as_str()
+            .expect("message")
+            .contains("previously overridden"),
+        "{}",
+        sticky.body
+    );
+    let events = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 100)
+        .await
+        .expect("events");
+    let outcomes: Vec<&str> = events.iter().rev().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            "reuse",
+            "resume_with_drift",
+            "refused",
+            "refused",
+            "overridden",
+            "refused"
+        ],
+        "every outcome is recorded"
+    );
+    std::fs::write(
+        recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest,
+        b"{\"schema_version\": 99}",
+    )
+    .expect("corrupt");
+    app.clock.advance(time::Duration::seconds(1));
+    let unreadable = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(
+        (unreadable.status, unreadable.body["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("manifest_unreadable")
+        )
+    );
+    let missing = app
+        .call(
+            Method::POST,
+            "/runs/nope/validate",
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn drift_history_is_queryable_per_run_and_across_runs() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    app.call(
+        Method::POST,
+        &format!("/runs/{run_id}/validate"),
+        Some(COLLECTOR),
+        Some(app.validate_body(0.3, 9000)),
+    )
+    .await;
+    app.clock.advance(time::Duration::seconds(5));
+    app.call(
+        Method::POST,
+        &format!("/runs/{run_id}/validate"),
+        Some(COLLECTOR),
+        Some(app.validate_body(0.3, 9100)),
+    )
+    .await;
+    let per_run = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/drift"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(per_run.body["events"].as_array().expect("events").len(), 2);
+    let key = "servers.math_agent.responses_api_agents.simple_agent.sandbox.sandbox_port";
+    let by_key = app
+        .call(
+            Method::GET,
+            &format!("/drift?key={key}&limit=1"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(by_key.body["events"].as_array().expect("events").len(), 1);
+    let cursor = by_key.body["next_cursor"].as_str().expect("a next page");
+    let next = app
+        .call(
+            Method::GET,
+            &format!(
+                "/drift?key={key}&limit=1&cursor={}",
+                cursor.replace(':', "%3A").replace('|', "%7C")
+            ),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        next.body["events"].as_array().expect("events").len(),
+        1,
+        "{}",
+        next.body
+    );
+    let now = app.clock.now();
+    let from =
+        recovery_sidecar::format_rfc3339(now - time::Duration::seconds(1)).replace(':', "%3A");
+    let recent = app
+        .call(
+            Method::GET,
+            &format!("/drift?from={from}"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        recent.body["events"].as_array().expect("events").len(),
+        1,
+        "{}",
+        recent.body
+    );
+    let bad = app
+        .call(Method::GET, "/drift?from=yesterday", Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        (bad.status, bad.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request"))
+    );
+    assert!(
+        bad.body["message"]
+            .as_str()
+            .expect("message")
+            .starts_with("from:")
+    );
+    let bad_cursor = app
+        .call(Method::GET, "/drift?cursor=zzz", Some(VIEWER), None)
+        .await;
+    assert_eq!(bad_cursor.status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+#[tokio::test]
+async fn leases_guard_a_run_and_operators_take_it_over() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let first = app.lease(&run_id, "collector-a").await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    let lease_id = first.body["lease_id"].as_str().expect("lease").to_owned();
+    let second = app.lease(&run_id, "collector-b").await;
+    assert_eq!(
+        (
+            second.status,
+            second.body["details"]["holder"]["holder"].as_str()
+        ),
+        (StatusCode::LOCKED, Some("collector-a"))
+    );
+    assert!(
+        second.body["details"]["holder"].get("lease_id").is_none(),
+        "the lease id stays the holder's secret"
+    );
+    let validate = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(
+        (validate.status, validate.body["code"].as_str()),
+        (StatusCode::LOCKED, Some("run_locked"))
+    );
+    let mut with_lease = app.validate_body(0.3, 8000);
+    with_lease["lease_id"] = json!(lease_id);
+    assert_eq!(
+        app.call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(with_lease)
+        )
+        .await
+        .status,
+        StatusCode::OK
+    );
+    let holder = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(holder.body["holder"]["holder"], "collector-a");
+    let beat = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/heartbeat"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease_id})),
+        )
+        .await;
+    assert_eq!(beat.status, StatusCode::OK);
+    let takeover =
+        json!({"holder": "collector-c", "host": "node-2", "pid": 7, "reason": "collector-a hung"});
+    assert_eq!(
+        app.call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/takeover"),
+            Some(COLLECTOR),
+            Some(takeover.clone())
+        )
+        .await
+        .status,
+        StatusCode::FORBIDDEN
+    );
+    let taken = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/takeover"),
+            Some(OPERATOR),
+            Some(takeover),
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::CREATED, "{}", taken.body);
+    let stale = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/heartbeat"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease_id})),
+        )
+        .await;
+    assert_eq!(
+        (stale.status, stale.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("lease_not_held"))
+    );
+    let audit = app
+        .state
+        .registry
+        .store()
+        .list_audit(Some(&run_id), 10)
+        .await
+        .expect("audit");
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action == "lease.takeover" && a.actor == "alice")
+    );
+    let new_lease = taken.body["lease_id"].as_str().expect("lease");
+    let release = app
+        .call(
+            Method::DELETE,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": new_lease})),
+        )
+        .await;
+    assert_eq!(release.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None
+        )
+        .await
+        .body["holder"],
+        Value::Null
+    );
+    let bad_ttl = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"holder": "x", "host": "h", "pid": 1, "ttl_seconds": 0})),
+        )
+        .await;
+    assert_eq!(bad_ttl.status, StatusCode::UNPROCESSABLE_ENTITY);
+}
+
+/// Reserves attempts, saves a masked result that kept an answer, and returns (run, lease).
+async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
+    let run_id = app.create().await;
+    let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]
+        .as_str()
+        .expect("lease")
+        .to_owned();
+    let reserved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["0-0", "1-0"]})),
+        )
+        .await;
+    assert_eq!(
+        reserved.body["attempts"],
+        json!({"0-0": 0, "1-0": 0}),
+        "{}",
+        reserved.body
+    );
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let results = [
+        json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "reward": 1.0, "response": {"output": [{}], "status": "completed"}}),
+        json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "reward": 0.0, "mask_sample": true, "failure_kind": "verifier_error", "response": {"output": [{"type": "message"}], "status": "completed"}}),
+    ];
+    let text: String = results.iter().map(|r| format!("{r}\n")).collect();
+    std::fs::write(&paths.output, text).expect("results");
+    (run_id, lease)
+}
+
+#[tokio::test]
+async fn approvals_need_an_operator_and_an_eligible_attempt() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        plan.body["entries"][1]["state"], "awaiting_approval",
+        "{}",
+        plan.body
+    );
+    let approval = json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "the verifier lost the artifact"});
+    let viewer = app
+        .call(Method::POST, &uri, Some(VIEWER), Some(approval.clone()))
+        .await;
+    assert_eq!(viewer.status, StatusCode::FORBIDDEN);
+    let scored = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(OPERATOR),
+            Some(json!({"task_index": 0, "rollout_index": 0, "attempt_index": 0, "reason": "x"})),
+        )
+        .await;
+    assert_eq!(
+        (
+            scored.status,
+            scored.body["code"].as_str(),
+            scored.body["details"]["state"].as_str()
+        ),
+        (StatusCode::CONFLICT, Some("not_eligible"), Some("scored"))
+    );
+    let wrong_attempt = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(OPERATOR),
+            Some(json!({"task_index": 1, "rollout_index": 0, "attempt_index": 3, "reason": "x"})),
+        )
+        .await;
+    assert_eq!(wrong_attempt.body["code"], "not_eligible");
+    let missing = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(OPERATOR),
+            Some(json!({"task_index": 9, "rollout_index": 0, "attempt_index": 0, "reason": "x"})),
+        )
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    let granted = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approval))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (
+            plan.body["entries"][1]["state"].as_str(),
+            plan.body["entries"][1]["next_attempt"].as_i64()
+        ),
+        (Some("approved_rerun"), Some(1))
+    );
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.body.as_array().expect("list").len(), 1);
+    let approval_id = granted.body["approval_id"].as_str().expect("id");
+    let revoke = app
+        .call(
+            Method::DELETE,
+            &format!("{uri}/{approval_id}"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(revoke.status, StatusCode::NO_CONTENT);
+    let again = app
+        .call(
+            Method::DELETE,
+            &format!("{uri}/{approval_id}"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (again.status, again.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict"))
+    );
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        plan.body["entries"][1]["state"], "awaiting_approval",
+        "a revoked approval reopens nothing"
+    );
+}
+
+#[tokio::test]
+async fn attempts_are_extended_resubmitted_and_reserved_only_by_their_owners() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let extend = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/extend"),
+            Some(OPERATOR),
+            Some(json!({"extend_attempts": 2, "reason": "provider outage"})),
+        )
+        .await;
+    assert_eq!(extend.status, StatusCode::CREATED);
+    let bad = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/extend"),
+            Some(OPERATOR),
+            Some(json!({"extend_attempts": 0, "reason": "x"})),
+        )
+        .await;
+    assert_eq!(
+        (
+            bad.status,
+            bad.body["message"]
+                .as_str()
+                .map(|m| m.starts_with("extend_attempts"))
+        ),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some(true))
+    );
+    let run = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        (
+            run.body["saved_cap"].as_u64(),
+            run.body["effective_cap"].as_u64()
+        ),
+        (Some(3), Some(5))
+    );
+    let leased = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/resubmit"),
+            Some(OPERATOR),
+            Some(json!({"reason": "new cluster"})),
+        )
+        .await;
+    assert_eq!(
+        leased.status,
+        StatusCode::LOCKED,
+        "no resubmit under a collector's live lease"
+    );
+    let no_lease = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": "forged", "rollout_ids": ["0-0"]})),
+        )
+        .await;
+    assert_eq!(
+        (no_lease.status, no_lease.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("lease_not_held"))
+    );
+    let unknown = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["9-9"]})),
+        )
+        .await;
+    assert_eq!(unknown.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let next = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["1-0"]})),
+        )
+        .await;
+    assert_eq!(next.body["attempts"]["1-0"], 1, "{}", next.body);
+    app.call(
+        Method::DELETE,
+        &format!("/runs/{run_id}/lease"),
+        Some(COLLECTOR),
+        Some(json!({"lease_id": lease})),
+    )
+    .await;
+    let resubmit = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/resubmit"),
+            Some(OPERATOR),
+            Some(json!({"reason": "new cluster"})),
+        )
+        .await;
+    assert_eq!(
+        (resubmit.status, resubmit.body["line_offset"].as_i64()),
+        (StatusCode::CREATED, Some(0)),
+        "{}",
+        resubmit.body
+    );
+}
+
+#[tokio::test]
+async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let line = "{\"_ng_failure_class\":\"judge_failed\"}";
+    let admit = json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": format!("{line}\n")});
+    let admitted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments"),
+            Some(COLLECTOR),
+            Some(admit.clone()),
+        )
+        .await;
+    assert_eq!(admitted.status, StatusCode::CREATED, "{}", admitted.body);
+    assert_eq!(
+        admitted.body["predecessor_sha256"].as_str(),
+        Some(recovery_core::canonical::sha256_hex(line.as_bytes()).as_str())
+    );
+    let manifest = recovery_core::manifest::RunManifest::from_json_bytes(
+        &std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+            .expect("read"),
+    )
+    .expect("manifest");
+    assert!(manifest.pending_rejudge.contains_key("1-0-a0"));
+    let twice = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments"),
+            Some(COLLECTOR),
+            Some(admit),
+        )
+        .await;
+    assert_eq!(twice.status, StatusCode::CONFLICT);
+    let operation = admitted.body["operation_id"].as_str().expect("operation");
+    let close = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments/{operation}/close"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "outcome": "graded"})),
+        )
+        .await;
+    assert_eq!(close.status, StatusCode::NO_CONTENT);
+    let manifest = recovery_core::manifest::RunManifest::from_json_bytes(
+        &std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+            .expect("read"),
+    )
+    .expect("manifest");
+    assert!(manifest.pending_rejudge.is_empty());
+    let gone = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments/{operation}/close"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "outcome": "graded"})),
+        )
+        .await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn classify_plan_and_run_listing_answer_dashboards() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let classified = app.call(Method::POST, "/classify", Some(VIEWER), Some(json!({"rows": [{"_ng_failure_class": "session_lost"}, {"reward": 1.0, "response": {"output": [{}]}}]}))).await;
+    assert_eq!(classified.body["decisions"][0]["verdict"], "retry");
+    assert_eq!(
+        classified.body["decisions"][0]["responsibility"],
+        "evaluation"
+    );
+    assert_eq!(classified.body["decisions"][1]["verdict"], "keep");
+    let not_rows = app
+        .call(
+            Method::POST,
+            "/classify",
+            Some(VIEWER),
+            Some(json!({"rows": [1]})),
+        )
+        .await;
+    assert_eq!(
+        (
+            not_rows.status,
+            not_rows.body["message"]
+                .as_str()
+                .map(|m| m.starts_with("rows[0]"))
+        ),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some(true))
+    );
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (
+            plan.body["coverage"]["expected"].as_u64(),
+            plan.body["coverage"]["successful"].as_u64()
+        ),
+        (Some(2), Some(2))
+    );
+    let listed = app
+        .call(Method::GET, "/runs?limit=10", Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        listed.body["runs"][0]["run_id"].as_str(),
+        Some(run_id.as_str())
+    );
+    let by_output = app
+        .call(
+            Method::GET,
+            &format!("/runs?output_path={}", app.output().display()),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        by_output.body["runs"][0]["run_id"].as_str(),
+        Some(run_id.as_str())
+    );
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::write(&paths.failures, b"{broken\n").expect("corrupt sidecar");
+    let broken = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (broken.status, broken.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("rows_invalid"))
+    );
+    assert!(
+        broken.body["message"]
+            .as_str()
+            .expect("message")
+            .contains("line 1")
+    );
+    let metrics = app.call(Method::GET, "/metrics", None, None).await;
+    assert!(
+        metrics
+            .body
+            .as_str()
+            .expect("text")
+            .contains("rollout_recovery_http_requests_total")
+    );
+}
