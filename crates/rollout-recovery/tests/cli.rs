@@ -1,0 +1,626 @@
+//! The one integration-test binary of the `rollout-recovery` command: the real service over real
+//! sockets (end to end, graceful shutdown, lease contention between processes) and the offline
+//! tools.
+
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rollout-recovery");
+const OPERATOR: &str = "operator-token-0123456789";
+const COLLECTOR: &str = "collector-token-0123456789";
+const VIEWER: &str = "viewer-token-0123456789";
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(data: &Path, root: &Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        let child = Command::new(BIN)
+            .args([
+                "serve",
+                "--bind",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .arg("--root")
+            .arg(root)
+            .env(
+                "RR_TOKENS",
+                format!("operator:alice:{OPERATOR},collector:c1:{COLLECTOR},viewer:dash:{VIEWER}"),
+            )
+            .env("RR_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve");
+        let server = Self {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the service did not start listening");
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        #[allow(unsafe_code)]
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        self.child.wait().expect("exit")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn call(
+    client: &reqwest::Client,
+    server: &Server,
+    method: reqwest::Method,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = client
+        .request(method, format!("{}{path}", server.url))
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("response");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn config(temperature: f64) -> Value {
+    json!({"limit": 2, "responses_create_params": {"temperature": temperature}, "num_samples_in_parallel": 4})
+}
+
+fn global(port: i64) -> Value {
+    json!({
+        "policy_model": {"responses_api_models": {"vllm_model": {"model": "model-A", "host": "h", "port": 9001}}},
+        "judge": {"resources_servers": {"math_with_judge": {"judge_model_server": {"type": "responses_api_models", "name": "policy_model"}}}},
+        "agent": {"responses_api_agents": {"simple_agent": {"resources_server": {"type": "resources_servers", "name": "judge"},
+            "model_server": {"type": "responses_api_models", "name": "policy_model"}, "sandbox": {"sandbox_port": port}}}}
+    })
+}
+
+fn prepare(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let data = dir.join("data");
+    let root = dir.join("runs");
+    std::fs::create_dir_all(root.join("src")).expect("dirs");
+    std::fs::write(root.join("src/train.jsonl"), b"{\"q\": 1}\n{\"q\": 2}\n").expect("source");
+    (data, root.clone(), root.join("exp/out.jsonl"))
+}
+
+async fn create_run(
+    client: &reqwest::Client,
+    server: &Server,
+    root: &Path,
+    output: &Path,
+) -> String {
+    let rows = json!([
+        {"agent_ref": {"name": "agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0},
+        {"agent_ref": {"name": "agent"}, "_ng_task_index": 1, "_ng_rollout_index": 0}
+    ]);
+    let body = json!({"output_path": output, "source_path": root.join("src/train.jsonl"), "config": config(0.3), "global_config": global(8000), "rows": rows});
+    let (status, created) = call(
+        client,
+        server,
+        reqwest::Method::POST,
+        "/runs",
+        COLLECTOR,
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    created["run_id"].as_str().expect("run id").to_owned()
+}
+
+#[tokio::test]
+async fn a_run_end_to_end_over_a_real_socket() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let client = reqwest::Client::new();
+    let root = std::fs::canonicalize(&root).expect("root");
+    let output = root.join("exp/out.jsonl");
+    let run_id = create_run(&client, &server, &root, &output).await;
+    let (status, lease) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "collector-1", "host": "node-1", "pid": 1})),
+    )
+    .await;
+    assert_eq!(status, 201, "{lease}");
+    let lease_id = lease["lease_id"].as_str().expect("lease").to_owned();
+    let validate = |temperature: f64, port: i64| json!({"config": config(temperature), "global_config": global(port), "source_path": root.join("src/train.jsonl"), "lease_id": lease_id});
+    let uri = format!("/runs/{run_id}/validate");
+    let (status, reuse) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &uri,
+        COLLECTOR,
+        Some(validate(0.3, 8000)),
+    )
+    .await;
+    assert_eq!(
+        (status, reuse["outcome"].as_str()),
+        (200, Some("reuse")),
+        "{reuse}"
+    );
+    let (status, drift) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &uri,
+        COLLECTOR,
+        Some(validate(0.3, 9000)),
+    )
+    .await;
+    assert_eq!(
+        (status, drift["outcome"].as_str()),
+        (200, Some("resume_with_drift")),
+        "{drift}"
+    );
+    let journal =
+        std::fs::read_to_string(root.join("exp/out_manifest_resume_drift.jsonl")).expect("journal");
+    assert_eq!(journal.lines().count(), 1, "one journal line");
+    let (_, history) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        "/drift?key=servers.agent.responses_api_agents.simple_agent.sandbox.sandbox_port",
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(
+        history["events"][0]["run_id"].as_str(),
+        Some(run_id.as_str()),
+        "{history}"
+    );
+    let (status, refused) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &uri,
+        COLLECTOR,
+        Some(validate(0.9, 8000)),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (409, Some("resume_refused"))
+    );
+    assert!(
+        refused["message"]
+            .as_str()
+            .expect("message")
+            .contains("collection.responses_create_params.temperature")
+    );
+    // The collector reserves and saves a masked result that kept an answer.
+    let (_, reserved) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/attempts/reserve"),
+        COLLECTOR,
+        Some(json!({"lease_id": lease_id, "rollout_ids": ["0-0", "1-0"]})),
+    )
+    .await;
+    assert_eq!(reserved["attempts"]["1-0"], 0, "{reserved}");
+    let results = [
+        json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "reward": 1.0, "response": {"output": [{}], "status": "completed"}}),
+        json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "reward": 0.0, "mask_sample": true, "failure_kind": "verifier_error", "response": {"output": [{}], "status": "completed"}}),
+    ];
+    std::fs::write(
+        &output,
+        results.iter().map(|r| format!("{r}\n")).collect::<String>(),
+    )
+    .expect("results");
+    let approval = json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "the verifier lost the artifact"});
+    let (status, _) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/approvals"),
+        VIEWER,
+        Some(approval.clone()),
+    )
+    .await;
+    assert_eq!(status, 403, "viewers cannot approve");
+    let (status, approved) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/approvals"),
+        OPERATOR,
+        Some(approval),
+    )
+    .await;
+    assert_eq!(status, 201, "{approved}");
+    let (_, plan) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        &format!("/runs/{run_id}/plan"),
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(plan["entries"][1]["state"], "approved_rerun", "{plan}");
+    let approvals =
+        std::fs::read_to_string(root.join("exp/out_rerun_masked.jsonl")).expect("journal");
+    assert!(approvals.contains("\"task_index\":1") && approvals.contains("\"attempt_index\":0"));
+    // The operator CLI reads the same drift history.
+    let cli = Command::new(BIN)
+        .args(["drift", "--url", &server.url, "--run", &run_id])
+        .env("RR_TOKEN", VIEWER)
+        .output()
+        .expect("cli");
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let page: Value = serde_json::from_slice(&cli.stdout).expect("json");
+    assert_eq!(page["events"].as_array().expect("events").len(), 1);
+}
+
+const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
+
+fn probe(lock: &Path) -> String {
+    let out = Command::new("python3")
+        .args(["-c", PYTHON_PROBE])
+        .arg(lock)
+        .output()
+        .expect("python3");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test]
+async fn graceful_shutdown_releases_leases_and_run_locks() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let client = reqwest::Client::new();
+    let root = std::fs::canonicalize(&root).expect("root");
+    let run_id = create_run(&client, &server, &root, &root.join("exp/out.jsonl")).await;
+    let (status, _) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 3600})),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let lock = root.join("exp/out_run.lock");
+    assert_eq!(probe(&lock), "blocked", "the live lease holds the run lock");
+    let status = server.terminate();
+    assert!(
+        status.success(),
+        "SIGTERM stops the service cleanly: {status:?}"
+    );
+    assert_eq!(probe(&lock), "acquired", "the lock is free after shutdown");
+    let restarted = Server::start(&data, dir.path().join("runs").as_path());
+    let (_, holder) = call(
+        &client,
+        &restarted,
+        reqwest::Method::GET,
+        &format!("/runs/{run_id}/lease"),
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(
+        holder["holder"],
+        Value::Null,
+        "shutdown released the lease: {holder}"
+    );
+}
+
+#[tokio::test]
+async fn two_service_processes_and_a_python_collector_contend_for_one_run() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let first = Server::start(&data, &root);
+    let second = Server::start(&data, &root);
+    let client = reqwest::Client::new();
+    let root = std::fs::canonicalize(&root).expect("root");
+    let run_id = create_run(&client, &first, &root, &root.join("exp/out.jsonl")).await;
+    let lease = |holder: &str| json!({"holder": holder, "host": "h", "pid": 1, "ttl_seconds": 60});
+    let (status, granted) = call(
+        &client,
+        &first,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-a")),
+    )
+    .await;
+    assert_eq!(status, 201, "{granted}");
+    let (status, refused) = call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-b")),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (423, Some("run_locked")),
+        "{refused}"
+    );
+    let (status, _) = call(
+        &client,
+        &first,
+        reqwest::Method::DELETE,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"lease_id": granted["lease_id"]})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    // A Python collector holding the lock keeps both services out.
+    let lock = root.join("exp/out_run.lock");
+    let mut python = Command::new("python3")
+        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
+        .arg(&lock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    BufReader::new(python.stdout.as_mut().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let (status, refused) = call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-b")),
+    )
+    .await;
+    assert_eq!(status, 423);
+    assert!(
+        refused["message"]
+            .as_str()
+            .expect("message")
+            .contains("Another collector owns this run"),
+        "{refused}"
+    );
+    drop(python.stdin.take());
+    python.wait().expect("python exits");
+    let (status, _) = call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-b")),
+    )
+    .await;
+    assert_eq!(status, 201, "free once every other owner left");
+}
+
+fn shared(relative: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared")
+        .join(relative)
+}
+
+#[test]
+fn the_offline_digest_tool_matches_the_cpython_vectors() {
+    let file = shared("conformance/materialized/rows-200.jsonl");
+    let expected = std::fs::read_to_string(file.with_extension("jsonl.sha256")).expect("sidecar");
+    let out = Command::new(BIN)
+        .args(["digest", "--jsonl"])
+        .arg(&file)
+        .output()
+        .expect("digest");
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        expected.split_whitespace().next().expect("digest")
+    );
+    let mut child = Command::new(BIN)
+        .arg("digest")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("digest");
+    std::io::Write::write_all(
+        child.stdin.as_mut().expect("stdin"),
+        b"{\"b\": 1, \"a\": [1.0, 1e16]}",
+    )
+    .expect("write");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("digest");
+    let expected = recovery_core::canonical::sha256_hex(b"{\"a\":[1.0,1e+16],\"b\":1}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), expected);
+    let bad = Command::new(BIN)
+        .arg("digest")
+        .arg(dir_file("nan", b"NaN"))
+        .output()
+        .expect("digest");
+    assert!(!bad.status.success() && String::from_utf8_lossy(&bad.stderr).contains("NaN"));
+}
+
+fn dir_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("rr-cli-{}-{name}", std::process::id()));
+    std::fs::write(&path, bytes).expect("write");
+    path
+}
+
+#[test]
+fn the_committed_openapi_document_is_current() {
+    let out = Command::new(BIN)
+        .args(["openapi", "--check"])
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../openapi/openapi.json"))
+        .output()
+        .expect("openapi");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let output = dir.path().join("out.jsonl");
+    let paths = recovery_sidecar::SidecarPaths::for_output(
+        &std::fs::canonicalize(dir.path())
+            .expect("dir")
+            .join("out.jsonl"),
+    );
+    let rows = "{\"agent_ref\":{\"name\":\"agent\"},\"_ng_task_index\":0,\"_ng_rollout_index\":0}\n{\"agent_ref\":{\"name\":\"agent\"},\"_ng_task_index\":1,\"_ng_rollout_index\":0}\n";
+    std::fs::write(&paths.materialized, rows).expect("rows");
+    let source = dir.path().join("train.jsonl");
+    std::fs::write(&source, b"{}\n").expect("source");
+    let bundle = dir.path().join("bundle.json");
+    std::fs::write(
+        &bundle,
+        json!({"config": config(0.3), "global_config": global(8000)}).to_string(),
+    )
+    .expect("bundle");
+    // Identity: digests and the redacted identity.
+    let out = Command::new(BIN)
+        .args(["identity", "--bundle"])
+        .arg(&bundle)
+        .arg("--materialized")
+        .arg(&paths.materialized)
+        .output()
+        .expect("identity");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let identity: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let config_digest = identity["config_digest"]
+        .as_str()
+        .expect("digest")
+        .to_owned();
+    std::fs::write(
+        &paths.identity,
+        serde_json::to_string(&identity["identity"]).expect("json"),
+    )
+    .expect("identity file");
+    // A run saved with that identity.
+    let materialized = recovery_core::materialized::materialized_digest(rows.as_bytes(), 1)
+        .expect("digest")
+        .sha256;
+    let source_digest = recovery_core::canonical::sha256_hex(b"{}\n");
+    let mut manifest = recovery_core::manifest::RunManifest::create(
+        "ab".repeat(16),
+        source_digest,
+        materialized,
+        config_digest,
+        Some(1),
+    );
+    manifest.next_attempt.insert("0-0".into(), 1);
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    std::fs::write(&paths.output, format!("{{\"_ng_task_index\":0,\"_ng_rollout_index\":0,\"_ng_attempt_index\":0,\"_ng_run_id\":\"{}\",\"reward\":1.0,\"response\":{{\"status\":\"completed\"}}}}\n", "ab".repeat(16))).expect("results");
+    std::fs::write(&paths.failures, b"").expect("failures");
+    let plan = Command::new(BIN)
+        .args(["plan", "--output"])
+        .arg(&output)
+        .output()
+        .expect("plan");
+    assert_eq!(
+        plan.status.code(),
+        Some(75),
+        "partial and retryable: {}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    assert!(String::from_utf8_lossy(&plan.stderr).contains("1/2"));
+    let validate = |bundle: &Path| {
+        Command::new(BIN)
+            .args(["validate", "--output"])
+            .arg(&output)
+            .arg("--source")
+            .arg(&source)
+            .arg("--bundle")
+            .arg(bundle)
+            .output()
+            .expect("validate")
+    };
+    let same = validate(&bundle);
+    assert_eq!(
+        same.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&same.stdout)
+    );
+    let hotter = dir.path().join("hotter.json");
+    std::fs::write(
+        &hotter,
+        json!({"config": config(0.9), "global_config": global(8000)}).to_string(),
+    )
+    .expect("bundle");
+    let refused = validate(&hotter);
+    assert_eq!(
+        refused.status.code(),
+        Some(1),
+        "a refusal exits 1 like ConfigError"
+    );
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("temperature"));
+    let against = Command::new(BIN)
+        .args(["identity", "--bundle"])
+        .arg(&hotter)
+        .arg("--materialized")
+        .arg(&paths.materialized)
+        .arg("--against")
+        .arg(&paths.identity)
+        .output()
+        .expect("identity");
+    let report: Value = serde_json::from_slice(&against.stdout).expect("json");
+    assert_eq!(
+        report["against"]["semantic"][0]["key"],
+        "collection.responses_create_params.temperature"
+    );
+    let classify = Command::new(BIN)
+        .arg("classify")
+        .arg(&paths.output)
+        .output()
+        .expect("classify");
+    let summary: Value = serde_json::from_slice(&classify.stdout).expect("json");
+    assert_eq!(summary["rows"], 1);
+}
