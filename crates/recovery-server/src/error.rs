@@ -45,6 +45,8 @@ pub enum ErrorCode {
     NotEligible,
     /// The approval was used or revoked already, or a re-judgment closed.
     Conflict,
+    /// The request body exceeds the configured limit.
+    PayloadTooLarge,
     /// The service failed; nothing was half-written.
     Internal,
 }
@@ -66,6 +68,7 @@ impl ErrorCode {
             | Self::Conflict => StatusCode::CONFLICT,
             Self::RunLocked => StatusCode::LOCKED,
             Self::LeaseNotHeld => StatusCode::CONFLICT,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -184,3 +187,82 @@ pub fn lease_holder(lease: &recovery_store::Lease) -> serde_json::Value {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// `Json<T>` whose rejections answer in the API error shape (the serde message names the field).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> axum::extract::FromRequest<S> for ApiJson<T>
+where
+    axum::Json<T>:
+        axum::extract::FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        use axum::extract::rejection::JsonRejection;
+        match axum::Json::<T>::from_request(request, state).await {
+            Ok(axum::Json(value)) => Ok(Self(value)),
+            Err(JsonRejection::BytesRejection(e))
+                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
+                Err(ApiError::new(
+                    ErrorCode::PayloadTooLarge,
+                    "the request body is larger than the service accepts (RR_BODY_LIMIT_MB)",
+                ))
+            }
+            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::invalid(
+                "the body must be JSON with content-type: application/json",
+            )),
+            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(format!(
+                "body: {}",
+                e.body_text().trim_start_matches(
+                    "Failed to deserialize the JSON body into the target type: "
+                )
+            ))),
+            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::invalid(format!(
+                "body: malformed JSON: {}",
+                e.body_text()
+                    .trim_start_matches("Failed to parse the request body as JSON: ")
+            ))),
+            Err(other) => Err(ApiError::invalid(format!("body: {}", other.body_text()))),
+        }
+    }
+}
+
+/// `Query<T>` whose rejections answer in the API error shape.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> axum::extract::FromRequestParts<S> for ApiQuery<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| Self(value))
+            .map_err(|e| {
+                ApiError::invalid(format!(
+                    "query: {}",
+                    e.body_text()
+                        .trim_start_matches("Failed to deserialize query string: ")
+                ))
+            })
+    }
+}
+
+/// Unknown routes answer in the API error shape.
+pub async fn fallback(uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no endpoint {}", uri.path()))
+}

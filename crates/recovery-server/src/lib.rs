@@ -158,7 +158,9 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(routes::system::readyz))
         .route("/metrics", get(routes::system::metrics))
         .route("/openapi.json", get(routes::system::openapi))
+        .fallback(error::fallback)
         .layer(middleware::from_fn(record_metrics))
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
         .layer(RequestBodyLimitLayer::new(limit))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,

@@ -1,7 +1,7 @@
 //! Leases: the service owns each run's lock for as long as a client's lease is live.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiResult, lease_holder};
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult, lease_holder};
 use crate::routes::runs::audit;
 use crate::state::AppState;
 use axum::Json;
@@ -101,7 +101,7 @@ pub async fn acquire(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<AcquireRequest>,
+    ApiJson(request): ApiJson<AcquireRequest>,
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     caller.require(Role::Collector)?;
     let lease_request = lease_request(&state, &run_id, &request).await?;
@@ -125,7 +125,7 @@ pub async fn heartbeat(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<HeartbeatRequest>,
+    ApiJson(request): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<LeaseGranted>> {
     caller.require(Role::Collector)?;
     let lease = state
@@ -153,7 +153,7 @@ pub async fn release(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<ReleaseRequest>,
+    ApiJson(request): ApiJson<ReleaseRequest>,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
     state.leases.release(&run_id, &request.lease_id).await?;
@@ -201,7 +201,7 @@ pub async fn takeover(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<TakeoverRequest>,
+    ApiJson(request): ApiJson<TakeoverRequest>,
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     caller.require(Role::Operator)?;
     if request.reason.trim().is_empty() {

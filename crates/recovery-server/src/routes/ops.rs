@@ -2,7 +2,7 @@
 //! resubmits, execution-number reservations and judge-only re-judgments.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiResult, ErrorCode};
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult, ErrorCode};
 use crate::routes::query::not_eligible;
 use crate::routes::runs::audit;
 use crate::runfiles;
@@ -39,7 +39,7 @@ pub async fn approve(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<ApprovalRequest>,
+    ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> ApiResult<(StatusCode, Json<Approval>)> {
     caller.require(Role::Operator)?;
     if request.reason.trim().is_empty() {
@@ -175,7 +175,7 @@ pub async fn extend(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<ExtendRequest>,
+    ApiJson(request): ApiJson<ExtendRequest>,
 ) -> ApiResult<(StatusCode, Json<AttemptExtension>)> {
     caller.require(Role::Operator)?;
     if !(1..=100).contains(&request.extend_attempts) {
@@ -223,7 +223,7 @@ pub async fn resubmit(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<ResubmitRequest>,
+    ApiJson(request): ApiJson<ResubmitRequest>,
 ) -> ApiResult<(StatusCode, Json<Resubmit>)> {
     caller.require(Role::Operator)?;
     let (_, paths) = state.run(&run_id).await?;
@@ -284,7 +284,7 @@ pub async fn reserve(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<ReserveRequest>,
+    ApiJson(request): ApiJson<ReserveRequest>,
 ) -> ApiResult<Json<ReserveResponse>> {
     caller.require(Role::Collector)?;
     let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;
@@ -344,7 +344,7 @@ pub async fn admit_rejudgment(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<AdmitRejudgeRequest>,
+    ApiJson(request): ApiJson<AdmitRejudgeRequest>,
 ) -> ApiResult<(StatusCode, Json<Rejudgment>)> {
     caller.require(Role::Collector)?;
     if request.predecessor_failure_id.is_empty() {
@@ -424,7 +424,7 @@ pub async fn close_rejudgment(
     State(state): State<AppState>,
     Path((run_id, operation_id)): Path<(String, String)>,
     caller: Caller,
-    Json(request): Json<CloseRejudgeRequest>,
+    ApiJson(request): ApiJson<CloseRejudgeRequest>,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
     let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;

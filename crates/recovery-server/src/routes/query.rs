@@ -1,11 +1,11 @@
 //! Read models for dashboards and tools: drift history, classification, the resume plan.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiResult, ErrorCode};
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiQuery, ApiResult, ErrorCode};
 use crate::runfiles;
 use crate::state::AppState;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use recovery_core::failure::ClassificationPolicy;
 use recovery_core::plan::{RowDecision, classify_row};
 use recovery_store::{Cursor, DriftEvent, DriftFilter};
@@ -95,7 +95,7 @@ async fn drift_page(
 pub async fn drift(
     State(state): State<AppState>,
     caller: Caller,
-    Query(params): Query<DriftParams>,
+    ApiQuery(params): ApiQuery<DriftParams>,
 ) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
     Ok(Json(drift_page(&state, params, None).await?))
@@ -108,7 +108,7 @@ pub async fn run_drift(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Query(params): Query<DriftParams>,
+    ApiQuery(params): ApiQuery<DriftParams>,
 ) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
     state.run(&run_id).await?;
@@ -141,7 +141,7 @@ pub struct ClassifyResponse {
 pub async fn classify(
     State(_state): State<AppState>,
     caller: Caller,
-    Json(request): Json<ClassifyRequest>,
+    ApiJson(request): ApiJson<ClassifyRequest>,
 ) -> ApiResult<Json<ClassifyResponse>> {
     caller.require(Role::Viewer)?;
     let policy = match &request.policy {

@@ -1,11 +1,11 @@
 //! Runs: create a run's manifest, validate a resume, read runs.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiResult, ErrorCode, lease_holder};
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiQuery, ApiResult, ErrorCode, lease_holder};
 use crate::runfiles;
 use crate::state::AppState;
 use axum::Json;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use recovery_core::canonical::sha256_reader;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, RowReferences};
@@ -132,7 +132,7 @@ fn non_empty(path: &std::path::Path) -> bool {
 pub async fn create_run(
     State(state): State<AppState>,
     caller: Caller,
-    Json(request): Json<CreateRunRequest>,
+    ApiJson(request): ApiJson<CreateRunRequest>,
 ) -> ApiResult<(StatusCode, Json<RunCreated>)> {
     caller.require(Role::Collector)?;
     if request.replace {
@@ -338,7 +338,7 @@ pub async fn validate(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    Json(request): Json<ValidateRequest>,
+    ApiJson(request): ApiJson<ValidateRequest>,
 ) -> ApiResult<Json<ValidateResponse>> {
     caller.require(Role::Collector)?;
     let (run, paths) = state.run(&run_id).await?;
@@ -574,7 +574,7 @@ pub struct ListParams {
 pub async fn list_runs(
     State(state): State<AppState>,
     caller: Caller,
-    Query(params): Query<ListParams>,
+    ApiQuery(params): ApiQuery<ListParams>,
 ) -> ApiResult<Json<RunList>> {
     caller.require(Role::Viewer)?;
     if let Some(output) = params.output_path {
