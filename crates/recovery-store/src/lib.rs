@@ -169,6 +169,9 @@ impl Store {
         })
     }
 
+    const LEASE_COLUMNS: &'static str =
+        "run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica";
+
     const RUN_COLUMNS: &'static str = "run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
          identity_overridden, max_rollout_attempts, created_at, updated_at";
 
@@ -601,12 +604,14 @@ impl Store {
     }
 
     pub async fn get_lease(&self, run_id: &str) -> Result<Option<Lease>, StoreError> {
-        let row = sqlx::query(
-            "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica FROM leases WHERE run_id = $1",
-        )
-        .bind(run_id)
-        .fetch_optional(&self.pool)
-        .await?;
+        let sql = format!(
+            "SELECT {} FROM leases WHERE run_id = $1",
+            Self::LEASE_COLUMNS
+        );
+        let row = sqlx::query(&sql)
+            .bind(run_id)
+            .fetch_optional(&self.pool)
+            .await?;
         row.as_ref().map(Self::lease_from_row).transpose()
     }
 
@@ -657,12 +662,14 @@ impl Store {
     /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
     pub async fn replace_lease(&self, lease: &Lease) -> Result<Option<Lease>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let previous = sqlx::query(
-            "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica FROM leases WHERE run_id = $1",
-        )
-        .bind(&lease.run_id)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let sql = format!(
+            "SELECT {} FROM leases WHERE run_id = $1",
+            Self::LEASE_COLUMNS
+        );
+        let previous = sqlx::query(&sql)
+            .bind(&lease.run_id)
+            .fetch_optional(&mut *tx)
+            .await?;
         let previous = previous.as_ref().map(Self::lease_from_row).transpose()?;
         sqlx::query("DELETE FROM leases WHERE run_id = $1")
             .bind(&lease.run_id)
@@ -689,14 +696,15 @@ impl Store {
 
     /// Leases a replica holds that expired at `now` (the sweeper releases their locks).
     pub async fn expired_leases(&self, replica: &str, now: &str) -> Result<Vec<Lease>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica FROM leases \
-             WHERE replica = $1 AND expires_at <= $2",
-        )
-        .bind(replica)
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?;
+        let sql = format!(
+            "SELECT {} FROM leases WHERE replica = $1 AND expires_at <= $2",
+            Self::LEASE_COLUMNS
+        );
+        let rows = sqlx::query(&sql)
+            .bind(replica)
+            .bind(now)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(Self::lease_from_row).collect()
     }
 

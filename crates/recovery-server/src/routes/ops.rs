@@ -336,6 +336,24 @@ pub struct AdmitRejudgeRequest {
     pub predecessor_line: String,
 }
 
+/// The run's manifest, which must be readable to be changed.
+async fn readable_manifest(
+    state: &AppState,
+    paths: &SidecarPaths,
+) -> ApiResult<recovery_core::manifest::RunManifest> {
+    let work_paths = paths.clone();
+    match state
+        .blocking(move || Ok(runfiles::read_manifest(&work_paths.manifest)))
+        .await?
+    {
+        recovery_core::verdict::SavedManifest::Read(manifest) => Ok(*manifest),
+        _ => Err(ApiError::new(
+            ErrorCode::ManifestUnreadable,
+            format!("{} cannot be read", paths.manifest.display()),
+        )),
+    }
+}
+
 /// Admit a judge-only re-judgment before its judge call (lease holder).
 #[utoipa::path(post, path = "/runs/{run_id}/rejudgments", tag = "rejudgments", request_body = AdmitRejudgeRequest,
     params(("run_id" = String, Path, description = "Run id")),
@@ -362,17 +380,7 @@ pub async fn admit_rejudgment(
         ));
     }
     let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;
-    let work_paths = paths.clone();
-    let saved = state
-        .blocking(move || Ok(runfiles::read_manifest(&work_paths.manifest)))
-        .await?;
-    let recovery_core::verdict::SavedManifest::Read(manifest) = saved else {
-        return Err(ApiError::new(
-            ErrorCode::ManifestUnreadable,
-            format!("{} cannot be read", paths.manifest.display()),
-        ));
-    };
-    let mut manifest = *manifest;
+    let mut manifest = readable_manifest(&state, &paths).await?;
     let key = format!("{}-a{}", request.rollout_id, request.attempt);
     if manifest.pending_rejudge.contains_key(&key) {
         return Err(ApiError::new(
@@ -428,17 +436,7 @@ pub async fn close_rejudgment(
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
     let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;
-    let work_paths = paths.clone();
-    let saved = state
-        .blocking(move || Ok(runfiles::read_manifest(&work_paths.manifest)))
-        .await?;
-    let recovery_core::verdict::SavedManifest::Read(manifest) = saved else {
-        return Err(ApiError::new(
-            ErrorCode::ManifestUnreadable,
-            format!("{} cannot be read", paths.manifest.display()),
-        ));
-    };
-    let mut manifest = *manifest;
+    let mut manifest = readable_manifest(&state, &paths).await?;
     let key = manifest
         .pending_rejudge
         .iter()
