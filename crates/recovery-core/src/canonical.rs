@@ -140,6 +140,9 @@ fn write_number_text(text: &[u8], offset: usize, out: &mut Vec<u8>) -> Result<()
         }
         return Ok(());
     }
+    if write_simple_float(text, out) {
+        return Ok(());
+    }
     // The token is ASCII by construction (validated by the caller's grammar).
     let as_str = std::str::from_utf8(text).map_err(|_| CanonicalError::Syntax {
         offset,
@@ -196,17 +199,27 @@ pub(crate) fn write_python_float(value: f64, out: &mut Vec<u8>) {
         digits[count] = b;
         count += 1;
     }
-    let mut decpt = integer_digits + exponent;
+    let (digits, decpt) = normalize_digits(&digits[..count], integer_digits + exponent);
+    layout_python_float(digits, decpt, out);
+}
+
+/// Strips leading zeros (moving the decimal point) and trailing zeros.
+fn normalize_digits(digits: &[u8], mut decpt: i32) -> (&[u8], i32) {
     let mut first = 0;
-    while first < count && digits[first] == b'0' {
+    while first < digits.len() && digits[first] == b'0' {
         first += 1;
         decpt -= 1;
     }
-    let mut last = count;
+    let mut last = digits.len();
     while last > first && digits[last - 1] == b'0' {
         last -= 1;
     }
-    let digits = &digits[first..last];
+    (&digits[first..last], decpt)
+}
+
+/// Python's `repr` layout of significant `digits` with the decimal point after `decpt` of them
+/// (no sign; `digits` non-empty).
+fn layout_python_float(digits: &[u8], decpt: i32, out: &mut Vec<u8>) {
     let n = digits.len() as i32;
     if decpt > -4 && decpt <= 16 {
         if decpt <= 0 {
@@ -237,6 +250,65 @@ pub(crate) fn write_python_float(value: f64, out: &mut Vec<u8>) {
         }
         out.extend_from_slice(e.to_string().as_bytes());
     }
+}
+
+/// The float fast path: a JSON float token with at most 15 significant digits in the normal range
+/// is the shortest round-trip form of its double already (any two decimals of <= 15 significant
+/// digits map to distinct doubles), so Python's `repr` is those digits laid out. `false` when the
+/// token needs the general path.
+fn write_simple_float(token: &[u8], out: &mut Vec<u8>) -> bool {
+    let (negative, rest) = match token.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, token),
+    };
+    let mut digits = [0u8; 32];
+    let mut count = 0usize;
+    let mut integer_digits = 0i32;
+    let mut i = 0;
+    let mut in_fraction = false;
+    while let Some(&b) = rest.get(i) {
+        match b {
+            b'0'..=b'9' => {
+                if count == digits.len() {
+                    return false;
+                }
+                digits[count] = b;
+                count += 1;
+                if !in_fraction {
+                    integer_digits += 1;
+                }
+            }
+            b'.' => in_fraction = true,
+            b'e' | b'E' => break,
+            _ => return false,
+        }
+        i += 1;
+    }
+    let mut exponent = 0i32;
+    if i < rest.len() {
+        let text = &rest[i + 1..];
+        let digits_only = text
+            .strip_prefix(b"-")
+            .or_else(|| text.strip_prefix(b"+"))
+            .unwrap_or(text);
+        if digits_only.is_empty() || digits_only.len() > 4 {
+            return false;
+        }
+        exponent = parse_exponent(text);
+    }
+    let (significant, decpt) = normalize_digits(&digits[..count], integer_digits + exponent);
+    if significant.is_empty() {
+        out.extend_from_slice(if negative { b"-0.0" } else { b"0.0" });
+        return true;
+    }
+    if significant.len() > 15 || !(-300..=300).contains(&decpt) {
+        return false;
+    }
+    if negative {
+        out.push(b'-');
+    }
+    layout_python_float(significant, decpt, out);
+    true
 }
 
 fn parse_exponent(text: &[u8]) -> i32 {
@@ -303,29 +375,35 @@ pub(crate) fn canonicalize_valid_utf8(
 }
 
 /// Length of the run at the start of `bytes` that needs no string handling: up to the next
-/// quote, backslash or control character. One pass, 16 bytes at a time with a branch-free test
-/// the compiler vectorizes, then the exact position inside the first chunk that has a hit.
+/// quote, backslash or control character. Eight bytes at a time with word arithmetic (each test
+/// below is exact for "does any byte of the word match"), then the exact position bytewise.
 #[inline]
 fn plain_run(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
     #[inline(always)]
     fn special(b: u8) -> bool {
         b == b'"' || b == b'\\' || b < 0x20
     }
-    let mut offset = 0;
-    for chunk in bytes.chunks_exact(16) {
-        let hit = chunk.iter().fold(0u8, |acc, &b| {
-            acc | u8::from(b == b'"') | u8::from(b == b'\\') | u8::from(b < 0x20)
-        });
-        if hit != 0 {
-            return offset + chunk.iter().position(|&b| special(b)).unwrap_or(16);
+    let mut i = 0;
+    while let Some(chunk) = bytes.get(i..i + 8) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let w = u64::from_le_bytes(word);
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        let hits = (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (w.wrapping_sub(ONES * 0x20) & !w);
+        if hits & HIGHS != 0 {
+            break;
         }
-        offset += 16;
+        i += 8;
     }
-    offset
-        + bytes[offset..]
-            .iter()
-            .position(|&b| special(b))
-            .unwrap_or(bytes.len() - offset)
+    i + bytes[i..]
+        .iter()
+        .position(|&b| special(b))
+        .unwrap_or(bytes.len() - i)
 }
 
 /// One object member seen while canonicalizing: where its decoded key and its canonical text are.

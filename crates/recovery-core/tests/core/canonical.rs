@@ -206,3 +206,82 @@ fn random_structures_digest_exactly_like_cpython() {
         );
     }
 }
+
+#[test]
+fn short_decimal_floats_take_the_fast_path_and_still_match_cpython() {
+    // Decimal texts of up to 17 significant digits, with leading and trailing zeros, signs,
+    // exponent forms and both sides of every layout boundary.
+    let mut texts: Vec<String> = vec![
+        "0.0",
+        "-0.0",
+        "-0.000e7",
+        "0.0001",
+        "0.00001",
+        "1e15",
+        "1e16",
+        "9.99999999999999e15",
+        "1.0e16",
+        "123456789012345.0",
+        "1234567890123456.0",
+        "0.1",
+        "0.30000000000000004",
+        "1.50E+10",
+        "1.5e-07",
+        "100.000",
+        "007.5e0",
+        "1e300",
+        "1e-300",
+        "1e-301",
+        "1.7976931348623157e308",
+        "5e-324",
+        "2.2250738585072014e-308",
+        "4.9406564584124654e-324",
+        "123e-2",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    for _ in 0..20_000 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let digits = 1 + (state % 17) as usize;
+        let mantissa: String = (0..digits)
+            .map(|i| char::from(b'0' + ((state >> (i * 3 % 60)) % 10) as u8))
+            .collect();
+        let point = (state >> 20) as usize % (digits + 1);
+        let exponent = ((state >> 30) % 660) as i64 - 330;
+        let sign = if state & 1 == 1 { "-" } else { "" };
+        let (int, frac) = mantissa.split_at(point);
+        let int = if int.is_empty() { "0" } else { int };
+        let text = match (state >> 40) % 3 {
+            0 => format!("{sign}{int}.{}", if frac.is_empty() { "0" } else { frac }),
+            1 => format!(
+                "{sign}{int}.{}e{exponent}",
+                if frac.is_empty() { "0" } else { frac }
+            ),
+            _ => format!("{sign}{int}E+{}", exponent.unsigned_abs() % 30),
+        };
+        texts.push(text);
+    }
+    // JSON forbids leading zeros in the integer part: keep what CPython's json accepts.
+    texts.retain(|t| {
+        let body = t.trim_start_matches('-');
+        !(body.len() > 1 && body.starts_with('0') && body.as_bytes()[1].is_ascii_digit())
+    });
+    let input = texts.join("\n") + "\n";
+    let out = python(
+        "import sys, json\nfor line in sys.stdin:\n    try:\n        print(json.dumps(json.loads(line), allow_nan=False))\n    except ValueError:\n        print('ERROR')",
+        input.as_bytes(),
+    );
+    let expected: Vec<&str> = std::str::from_utf8(&out).expect("utf8").lines().collect();
+    assert_eq!(expected.len(), texts.len());
+    for (text, expected) in texts.iter().zip(expected) {
+        let mut ours = Vec::new();
+        match canonicalize_text(text.as_bytes(), &mut ours) {
+            Ok(()) => assert_eq!(String::from_utf8(ours).expect("utf8"), expected, "{text}"),
+            Err(_) => assert_eq!(expected, "ERROR", "{text}"),
+        }
+    }
+}
