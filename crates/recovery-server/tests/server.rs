@@ -1302,3 +1302,39 @@ async fn malformed_bodies_unknown_routes_and_oversized_requests_answer_in_the_er
         bad_query.body
     );
 }
+
+#[tokio::test]
+async fn an_approval_is_used_by_the_attempt_reserved_for_it_and_cannot_be_revoked_after() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let approval = json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "the verifier lost the artifact"});
+    let granted = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approval))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let reserved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["1-0"]})),
+        )
+        .await;
+    assert_eq!(reserved.body["attempts"]["1-0"], 1);
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.body[0]["consumed_by_attempt"], 1, "{}", listed.body);
+    let approval_id = granted.body["approval_id"].as_str().expect("id");
+    let revoke = app
+        .call(
+            Method::DELETE,
+            &format!("{uri}/{approval_id}"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (revoke.status, revoke.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict"))
+    );
+}

@@ -2,7 +2,6 @@
 
 use crate::config::{Caller, Role};
 use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult, lease_holder};
-use crate::routes::runs::audit;
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
@@ -215,17 +214,10 @@ pub async fn takeover(
         checkpoint_dir: None,
     };
     let lease_request = lease_request(&state, &run_id, &acquire).await?;
-    let (lease, previous) = state
+    // The lease manager audits the takeover, with the previous holder and the reason.
+    let (lease, _previous) = state
         .leases
         .takeover(&caller.name, &request.reason, &lease_request)
         .await?;
-    audit(
-        &state,
-        &caller,
-        "lease.takeover.request",
-        Some(&run_id),
-        serde_json::json!({"previous": previous.as_ref().map(lease_holder)}),
-    )
-    .await?;
     Ok((StatusCode::CREATED, Json(granted(&lease))))
 }

@@ -150,19 +150,19 @@ pub async fn create_run(
     let work_state = state.clone();
     let work_paths = paths.clone();
     let default_cap = state.config.default_max_attempts;
-    let (manifest, identity, replaced) = state
+    let (manifest, identity, replaced, suffix) = state
         .blocking(move || {
             let (state, paths) = (work_state, work_paths);
             // Own the run while preparing it: no collector may be writing this output.
             let _lock = RunLock::for_output(&paths.run_lock, None).map_err(|e| ApiError::new(ErrorCode::RunLocked, e.to_string()))?;
             let mut replaced = Vec::new();
+            let suffix = format!(".replaced-{}", state.registry.clock().now().unix_timestamp());
             if paths.manifest.exists() {
                 if !request.replace {
                     let run_id = RunManifest::from_json_bytes(&std::fs::read(&paths.manifest).unwrap_or_default()).map(|m| m.run_id).ok();
                     return Err(ApiError::new(ErrorCode::RunExists, format!("{} already has a manifest: resume it with validate, or replace it as an operator", paths.output.display()))
                         .with_details(serde_json::json!({"run_id": run_id})));
                 }
-                let suffix = format!(".replaced-{}", state.registry.clock().now().unix_timestamp());
                 replaced = move_aside(&paths, &suffix).map_err(|e| ApiError::internal("moving the old run aside", e))?;
             } else if (non_empty(&paths.output) || non_empty(&paths.failures)) && !request.replace {
                 return Err(ApiError::new(ErrorCode::RunExists, format!("{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently", paths.output.display())));
@@ -209,17 +209,14 @@ pub async fn create_run(
             for outcome in [&paths.output, &paths.failures] {
                 std::fs::OpenOptions::new().create(true).append(true).open(outcome).map_err(|e| ApiError::internal("creating outcome files", e))?;
             }
-            Ok((manifest, identity, replaced))
+            Ok((manifest, identity, replaced, suffix))
         })
         .await?;
     if !replaced.is_empty() {
         state
             .registry
             .store()
-            .detach_output(
-                &paths.output.display().to_string(),
-                &format!(".replaced-{}", recovery_sidecar::new_id()),
-            )
+            .detach_output(&paths.output.display().to_string(), &suffix)
             .await?;
         audit(
             &state,
