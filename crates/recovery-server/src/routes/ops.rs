@@ -322,6 +322,37 @@ pub async fn reserve(
         .registry
         .write_manifest(&paths, &manifest, None)
         .await?;
+    // An approved masked rerun is used by the attempt reserved for it.
+    let approvals = state.registry.store().list_approvals(&run_id).await?;
+    for (id, attempt) in &attempts {
+        let Some(entry) = plan
+            .entries
+            .iter()
+            .find(|e| &e.rollout_id == id && e.state == PlanState::ApprovedRerun)
+        else {
+            continue;
+        };
+        let triple = (
+            recovery_core::rows::index(entry.task_index.as_ref()),
+            recovery_core::rows::index(entry.rollout_index.as_ref()),
+            entry.latest_attempt,
+        );
+        if let Some(approval) = approvals.iter().find(|a| {
+            a.consumed_by_attempt.is_none()
+                && a.revoked_at.is_none()
+                && (
+                    Some(a.task_index),
+                    Some(a.rollout_index),
+                    Some(a.attempt_index),
+                ) == triple
+        }) {
+            state
+                .registry
+                .store()
+                .consume_approval(&approval.approval_id, *attempt)
+                .await?;
+        }
+    }
     Ok(Json(ReserveResponse { attempts }))
 }
 
