@@ -7,7 +7,7 @@
 //! cancellations and truncated streams never establish time spent on infrastructure. Field names
 //! the reference does not publish are those of decisions §7.
 
-use crate::facts::{CallFacts, Json, Nested, ResponseFacts, RowFacts};
+use crate::facts::{CallFacts, Json, ResponseFacts, RowFacts};
 use crate::failure::{
     ClassificationPolicy, FailureClass, FailureStage, HttpEvidence, KindStatus, kind_status,
     shared_name,
@@ -511,10 +511,6 @@ impl RowFacts {
         self.material_faults(calls, policy)
     }
 
-    /// Whether the `response` field holds something other than a mapping (for diagnostics).
-    pub fn response_is_mapping(&self) -> bool {
-        matches!(self.response, Nested::Object(_))
-    }
 }
 
 /// `is_server_fault_call(call)`: eligible recorded failures of one call classify
