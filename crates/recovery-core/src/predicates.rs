@@ -510,7 +510,6 @@ impl RowFacts {
     ) -> bool {
         self.material_faults(calls, policy)
     }
-
 }
 
 /// `is_server_fault_call(call)`: eligible recorded failures of one call classify
