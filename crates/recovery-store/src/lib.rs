@@ -393,29 +393,13 @@ impl Store {
     }
 
     pub async fn list_approvals(&self, run_id: &str) -> Result<Vec<Approval>, StoreError> {
-        let rows = sqlx::query(
+        Ok(sqlx::query_as::<_, Approval>(
             "SELECT approval_id, run_id, at, by_actor, reason, task_index, rollout_index, attempt_index, consumed_by_attempt, \
              revoked_at FROM approvals WHERE run_id = $1 ORDER BY at, approval_id",
         )
         .bind(run_id)
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Approval {
-                    approval_id: row.try_get("approval_id")?,
-                    run_id: row.try_get("run_id")?,
-                    at: row.try_get("at")?,
-                    by: row.try_get("by_actor")?,
-                    reason: row.try_get("reason")?,
-                    task_index: row.try_get("task_index")?,
-                    rollout_index: row.try_get("rollout_index")?,
-                    attempt_index: row.try_get("attempt_index")?,
-                    consumed_by_attempt: row.try_get("consumed_by_attempt")?,
-                    revoked_at: row.try_get("revoked_at")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     /// Revokes an approval that no attempt consumed yet; `false` when there is none such.
@@ -463,24 +447,12 @@ impl Store {
     }
 
     pub async fn list_extensions(&self, run_id: &str) -> Result<Vec<AttemptExtension>, StoreError> {
-        let rows = sqlx::query(
+        Ok(sqlx::query_as::<_, AttemptExtension>(
             "SELECT event_id, run_id, at, by_actor, reason, extend_attempts FROM attempt_extensions WHERE run_id = $1 ORDER BY at, event_id",
         )
         .bind(run_id)
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(AttemptExtension {
-                    event_id: row.try_get("event_id")?,
-                    run_id: row.try_get("run_id")?,
-                    at: row.try_get("at")?,
-                    by: row.try_get("by_actor")?,
-                    reason: row.try_get("reason")?,
-                    extend_attempts: row.try_get("extend_attempts")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     pub async fn insert_resubmit(&self, resubmit: &Resubmit) -> Result<bool, StoreError> {
@@ -499,21 +471,10 @@ impl Store {
     }
 
     pub async fn list_resubmits(&self, run_id: &str) -> Result<Vec<Resubmit>, StoreError> {
-        let rows = sqlx::query("SELECT event_id, run_id, at, by_actor, line_offset FROM resubmits WHERE run_id = $1 ORDER BY at, event_id")
+        Ok(sqlx::query_as::<_, Resubmit>("SELECT event_id, run_id, at, by_actor, line_offset FROM resubmits WHERE run_id = $1 ORDER BY at, event_id")
             .bind(run_id)
             .fetch_all(&self.pool)
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Resubmit {
-                    event_id: row.try_get("event_id")?,
-                    run_id: row.try_get("run_id")?,
-                    at: row.try_get("at")?,
-                    by: row.try_get("by_actor")?,
-                    line_offset: row.try_get("line_offset")?,
-                })
-            })
-            .collect()
+            .await?)
     }
 
     pub async fn insert_rejudgment(&self, rejudgment: &Rejudgment) -> Result<bool, StoreError> {
@@ -551,27 +512,13 @@ impl Store {
     }
 
     pub async fn list_rejudgments(&self, run_id: &str) -> Result<Vec<Rejudgment>, StoreError> {
-        let rows = sqlx::query(
+        Ok(sqlx::query_as::<_, Rejudgment>(
             "SELECT operation_id, run_id, attempt_key, admitted_at, predecessor_failure_id, predecessor_sha256, closed_at, outcome \
              FROM rejudgments WHERE run_id = $1 ORDER BY admitted_at, operation_id",
         )
         .bind(run_id)
         .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Rejudgment {
-                    operation_id: row.try_get("operation_id")?,
-                    run_id: row.try_get("run_id")?,
-                    attempt_key: row.try_get("attempt_key")?,
-                    admitted_at: row.try_get("admitted_at")?,
-                    predecessor_failure_id: row.try_get("predecessor_failure_id")?,
-                    predecessor_sha256: row.try_get("predecessor_sha256")?,
-                    closed_at: row.try_get("closed_at")?,
-                    outcome: row.try_get("outcome")?,
-                })
-            })
-            .collect()
+        .await?)
     }
 
     // --- leases ----------------------------------------------------------------------------
@@ -616,17 +563,7 @@ impl Store {
     }
 
     fn lease_from_row(row: &AnyRow) -> Result<Lease, StoreError> {
-        Ok(Lease {
-            run_id: row.try_get("run_id")?,
-            lease_id: row.try_get("lease_id")?,
-            holder: row.try_get("holder")?,
-            host: row.try_get("host")?,
-            pid: row.try_get("pid")?,
-            acquired_at: row.try_get("acquired_at")?,
-            renewed_at: row.try_get("renewed_at")?,
-            expires_at: row.try_get("expires_at")?,
-            replica: row.try_get("replica")?,
-        })
+        Ok(<Lease as sqlx::FromRow<AnyRow>>::from_row(row)?)
     }
 
     /// Extends a live lease held under `lease_id`; `false` when it is not (expired or taken over).

@@ -86,11 +86,12 @@ pub struct DriftFilter {
 }
 
 /// An operator's approval to rerun exactly one masked attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Approval {
     pub approval_id: String,
     pub run_id: String,
     pub at: String,
+    #[sqlx(rename = "by_actor")]
     pub by: String,
     pub reason: String,
     pub task_index: i64,
@@ -101,28 +102,30 @@ pub struct Approval {
 }
 
 /// Attempts an explicit recovery added to every rollout's cap.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct AttemptExtension {
     pub event_id: String,
     pub run_id: String,
     pub at: String,
+    #[sqlx(rename = "by_actor")]
     pub by: String,
     pub reason: String,
     pub extend_attempts: i64,
 }
 
 /// A resubmit: failures-sidecar lines up to `line_offset` no longer count.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Resubmit {
     pub event_id: String,
     pub run_id: String,
     pub at: String,
+    #[sqlx(rename = "by_actor")]
     pub by: String,
     pub line_offset: i64,
 }
 
 /// A judge-only re-judgment, open until its outcome is saved.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Rejudgment {
     pub operation_id: String,
     pub run_id: String,
@@ -135,7 +138,7 @@ pub struct Rejudgment {
 }
 
 /// Who holds a run, until when.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Lease {
     pub run_id: String,
     pub lease_id: String,
