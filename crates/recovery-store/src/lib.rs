@@ -62,7 +62,10 @@ impl Store {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Backend::Postgres
         } else {
-            return Err(StoreError::UnsupportedUrl(url.to_owned()));
+            // The URL may carry a password: never echo it.
+            return Err(StoreError::UnsupportedUrl(
+                recovery_core::identity::redaction::redact_string(url),
+            ));
         };
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
