@@ -520,11 +520,15 @@ async fn the_audit_log_keeps_operator_actions() {
 
 #[tokio::test]
 async fn an_unsupported_url_is_a_clear_error() {
-    let error = Store::connect("mysql://localhost/x")
+    let error = Store::connect("mysql://admin:hunter2secret@localhost/x")
         .await
         .expect_err("unsupported");
     assert!(
         error.to_string().contains("unsupported database URL"),
         "{error}"
+    );
+    assert!(
+        !error.to_string().contains("hunter2secret"),
+        "the password is never echoed: {error}"
     );
 }
