@@ -357,19 +357,14 @@ impl Registry {
             }
         };
         let now = self.clock.now_text();
-        let created = match self.store.get_run(&manifest.run_id).await? {
-            Some(existing) => existing.created_at,
+        // One lookup: a known run keeps its creation time and its recorded output path.
+        let (created, output_text) = match self.store.get_run(&manifest.run_id).await? {
+            Some(existing) => (existing.created_at, existing.output_path),
             None => {
                 report.runs += 1;
-                now.clone()
+                (now.clone(), output.display().to_string())
             }
         };
-        let known_output = self
-            .store
-            .get_run(&manifest.run_id)
-            .await?
-            .map(|r| r.output_path);
-        let output_text = known_output.unwrap_or_else(|| output.display().to_string());
         self.store
             .upsert_run(&run_record(
                 &manifest,

@@ -293,7 +293,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
         .record_approval(&paths, &manifest.run_id, "op", "lost artifact", (3, 0, 1))
         .await
         .expect("approval");
-    let second = registry
+    registry
         .record_approval(&paths, &manifest.run_id, "op", "lost artifact", (4, 0, 2))
         .await
         .expect("approval");
@@ -327,7 +327,6 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
             .iter()
             .any(|a| a.approval_id == first.approval_id && a.revoked_at.is_some())
     );
-    let _ = second;
     registry
         .record_extension(&paths, &manifest.run_id, "op", "outage", 2)
         .await

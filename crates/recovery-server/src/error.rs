@@ -54,10 +54,11 @@ pub enum ErrorCode {
 impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
-            Self::InvalidRequest | Self::IdentityError | Self::RowsInvalid | Self::PathRefused => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            Self::ManifestUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InvalidRequest
+            | Self::IdentityError
+            | Self::RowsInvalid
+            | Self::PathRefused
+            | Self::ManifestUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,

@@ -45,7 +45,9 @@ impl Run {
         self
     }
 
-    fn failure(mut self, task: i64, attempt: i64, extra: Value) -> Self {
+    /// Saves an outcome (reserving its attempt first, as a collector must) in the failures
+    /// sidecar or the results file.
+    fn saved(mut self, artifact: Artifact, task: i64, attempt: i64, extra: Value) -> Self {
         let reserved = self
             .manifest
             .next_attempt
@@ -53,20 +55,20 @@ impl Run {
             .copied()
             .unwrap_or(0);
         self = self.reserve(task, reserved.max(attempt as u64 + 1));
-        self.failures.push(merge(outcome(task, attempt), extra));
+        let row = merge(outcome(task, attempt), extra);
+        match artifact {
+            Artifact::Failures => self.failures.push(row),
+            Artifact::Results => self.results.push(row),
+        }
         self
     }
 
-    fn result(mut self, task: i64, attempt: i64, extra: Value) -> Self {
-        let reserved = self
-            .manifest
-            .next_attempt
-            .get(&format!("{task}-0"))
-            .copied()
-            .unwrap_or(0);
-        self = self.reserve(task, reserved.max(attempt as u64 + 1));
-        self.results.push(merge(outcome(task, attempt), extra));
-        self
+    fn failure(self, task: i64, attempt: i64, extra: Value) -> Self {
+        self.saved(Artifact::Failures, task, attempt, extra)
+    }
+
+    fn result(self, task: i64, attempt: i64, extra: Value) -> Self {
+        self.saved(Artifact::Results, task, attempt, extra)
     }
 
     fn plan(
