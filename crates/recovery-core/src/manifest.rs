@@ -323,6 +323,17 @@ impl RunManifest {
         Value::Object(map)
     }
 
+    /// [`Self::to_value`] in the form of the manifest it rewrites: a field `previous` did not
+    /// have stays absent while it holds its default, so a reader from before that field (pydantic
+    /// `extra="forbid"`) keeps reading the run. New fields appear once they carry a value.
+    pub fn to_value_like(&self, previous: &Value) -> Value {
+        let mut value = self.to_value();
+        if let (Value::Object(map), Value::Object(previous)) = (&mut value, previous) {
+            map.retain(|key, v| previous.contains_key(key) || !is_default_field(key, v));
+        }
+        value
+    }
+
     /// The bytes `RunManifest.write` publishes: pretty JSON, `ensure_ascii` escapes, newline.
     pub fn to_pretty_json(&self) -> Result<String, CanonicalError> {
         python_pretty(&self.to_value())
@@ -441,6 +452,18 @@ impl PendingRejudge {
             Value::from(self.predecessor_sha256.as_str()),
         );
         Value::Object(map)
+    }
+}
+
+/// Whether a dumped field holds the default a manifest without that field reads as.
+fn is_default_field(key: &str, value: &Value) -> bool {
+    match key {
+        "max_rollout_attempts" => value.is_null(),
+        "next_attempt" | "pending_rejudge" => value.as_object().is_some_and(Map::is_empty),
+        "legacy_import" | "identity_overridden" | "retry_terminal_timeouts" => {
+            value == &Value::Bool(false)
+        }
+        _ => false,
     }
 }
 

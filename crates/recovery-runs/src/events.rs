@@ -1,12 +1,32 @@
-//! The sidecar lines of decisions §6, each carrying an id so that the database can be rebuilt
-//! from them. Lines never hold configuration values: drift lines name keys and digests only.
+//! The sidecar lines of decisions §6, written with exactly the documented fields, so Python
+//! collectors write and read the same lines. A line's database id is derived from the run, the
+//! journal, the line's byte offset and its bytes ([`line_id`]), so lines written by anyone index
+//! the same way and replays are idempotent. Lines never hold configuration values: drift lines
+//! name keys and digests only.
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// The stable id of a journal line: 32 hex digits of SHA-256 over the run id, the journal's kind,
+/// the line's byte offset and its bytes.
+pub fn line_id(run_id: &str, journal: &str, offset: u64, bytes: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(format!("{run_id}\n{journal}\n{offset}\n").as_bytes());
+    hasher.update(bytes);
+    let digest = hasher.finalize();
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Journal kinds named in [`line_id`].
+pub const DRIFT_JOURNAL: &str = "resume_drift";
+pub const EXTENSION_JOURNAL: &str = "attempt_extension";
 
 /// `<stem>_manifest_resume_drift.jsonl`: one line per resume across operational drift.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DriftLine {
-    pub id: String,
+    /// Lines written by earlier versions of this service carried their id; read, never written.
+    #[serde(default, skip_serializing)]
+    pub id: Option<String>,
     pub at: String,
     pub run_id: String,
     pub saved_config_digest: String,
@@ -30,7 +50,9 @@ pub struct ApprovalLine {
 /// `<stem>_attempt_extension.jsonl`: one line per `--extend-attempts`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExtensionLine {
-    pub id: String,
+    /// As [`DriftLine::id`].
+    #[serde(default, skip_serializing)]
+    pub id: Option<String>,
     pub at: String,
     pub extend_attempts: i64,
     pub by: String,

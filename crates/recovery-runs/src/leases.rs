@@ -5,16 +5,19 @@
 //! over, which is audited.
 //!
 //! Invariants: the `flock` is taken before the database grants a lease and released after the
-//! database forgets it, so a granted lease always has its lock; lease operations of one process
-//! are serialised; a heartbeat or release under a lease id that no longer holds the run fails.
+//! database forgets it, so a granted lease always has its lock; lease operations on one run run
+//! inside that run's per-run mutex (the one [`crate::RunLocks`] uses), and the map of held locks is
+//! locked only for map changes, never across IO; a lease found expired is ended (its `flock`
+//! released) before anyone is told it expired; a heartbeat or release under a lease id that no
+//! longer holds the run fails.
 
 use crate::clock::Clock;
+use crate::runlock::LocalRunLocks;
 use recovery_sidecar::{LockError, RunLock};
 use recovery_store::{AuditEntry, Lease, Store, StoreError};
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::Arc;
-use tokio::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Why a lease operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +30,8 @@ pub enum LeaseError {
     NotHolder { run_id: String, lease_id: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("background lock work failed: {0}")]
+    Join(String),
 }
 
 /// Who asks for a run, for how long, and which lock files guard it.
@@ -37,14 +42,33 @@ pub struct LeaseRequest {
     pub host: String,
     pub pid: i64,
     pub ttl: time::Duration,
-    /// The run lock (and checkpoint lock) paths.
+    /// The run lock (first) and optionally the checkpoint lock.
     pub lock_paths: Vec<PathBuf>,
+}
+
+impl LeaseRequest {
+    /// The run's `<stem>_run.lock`, which names the per-run mutex.
+    fn run_lock(&self) -> PathBuf {
+        self.lock_paths.first().cloned().unwrap_or_default()
+    }
+}
+
+/// What [`Leases::end_if_expired`] found.
+enum Ending {
+    /// Not ours, or ours and live.
+    Live,
+    /// Ours and expired: ended now.
+    Expired(Box<Lease>),
+    /// Ours locally, but the database no longer records it: forgotten now.
+    Gone,
 }
 
 #[derive(Debug)]
 struct Held {
     lease_id: String,
-    _lock: RunLock,
+    run_lock: PathBuf,
+    /// Shared with critical sections that run under this lease.
+    lock: Arc<RunLock>,
 }
 
 /// This process's leases.
@@ -53,7 +77,15 @@ pub struct Leases {
     store: Store,
     clock: Arc<dyn Clock>,
     replica: String,
+    local: LocalRunLocks,
     held: Arc<Mutex<HashMap<String, Held>>>,
+}
+
+fn not_holder(run_id: &str, lease_id: &str) -> LeaseError {
+    LeaseError::NotHolder {
+        run_id: run_id.to_owned(),
+        lease_id: lease_id.to_owned(),
+    }
 }
 
 impl Leases {
@@ -62,12 +94,55 @@ impl Leases {
             store,
             clock,
             replica: replica.into(),
+            local: LocalRunLocks::default(),
             held: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
     pub fn replica(&self) -> &str {
         &self.replica
+    }
+
+    /// The per-run mutexes shared with [`crate::RunLocks`].
+    pub fn local(&self) -> &LocalRunLocks {
+        &self.local
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<String, Held>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn held_entry(&self, run_id: &str) -> Option<(String, PathBuf)> {
+        self.held()
+            .get(run_id)
+            .map(|h| (h.lease_id.clone(), h.run_lock.clone()))
+    }
+
+    /// The `flock` a lease of ours holds on this run lock, if any.
+    pub fn held_lock(&self, run_lock: &Path) -> Option<Arc<RunLock>> {
+        self.held()
+            .values()
+            .find(|h| h.run_lock == run_lock)
+            .map(|h| h.lock.clone())
+    }
+
+    /// Whether the run recorded for `output` has a live lease granted by another replica.
+    pub async fn other_replica_holds(&self, output: &Path) -> Result<bool, StoreError> {
+        let Some(run) = self
+            .store
+            .find_run_by_output(&output.display().to_string())
+            .await?
+        else {
+            return Ok(false);
+        };
+        let now = self.clock.now_text();
+        Ok(self
+            .store
+            .get_lease(&run.run_id)
+            .await?
+            .is_some_and(|l| l.expires_at > now && l.replica != self.replica))
     }
 
     fn lease_for(&self, request: &LeaseRequest, lease_id: String) -> Lease {
@@ -88,37 +163,45 @@ impl Leases {
     /// Takes the run: its `flock` first, then the database lease (granted only when none is
     /// live). Another live holder is reported with who it is.
     pub async fn acquire(&self, request: &LeaseRequest) -> Result<Lease, LeaseError> {
-        let mut held = self.held.lock().await;
+        let _run = self.local.lock(&request.run_lock()).await;
+        self.end_if_expired(&request.run_id).await?;
         let lease = self.lease_for(request, recovery_sidecar::new_id());
         let now = self.clock.now_text();
-        if let Some(current) = held.get(&request.run_id) {
-            // This process holds the lock: the run is free only if its lease expired.
-            let existing = self.store.get_lease(&request.run_id).await?;
-            if let Some(existing) =
-                existing.filter(|l| l.expires_at > now && l.lease_id == current.lease_id)
-            {
-                return Err(LeaseError::Held(Box::new(existing)));
-            }
-            let granted = self.store.try_acquire_lease(&lease, &now).await?;
-            if granted.lease_id != lease.lease_id {
-                return Err(LeaseError::Held(Box::new(granted)));
-            }
-            if let Some(entry) = held.get_mut(&request.run_id) {
-                entry.lease_id = lease.lease_id.clone();
-            }
-            return Ok(lease);
+        if let Some((current, _)) = self.held_entry(&request.run_id) {
+            // This process holds the lock under a live lease (an expired one was just ended).
+            return match self.store.get_lease(&request.run_id).await? {
+                Some(existing) if existing.lease_id == current => {
+                    Err(LeaseError::Held(Box::new(existing)))
+                }
+                _ => {
+                    // The database forgot our lease (taken over elsewhere): grant afresh.
+                    let granted = self.store.try_acquire_lease(&lease, &now).await?;
+                    if granted.lease_id != lease.lease_id {
+                        self.held().remove(&request.run_id);
+                        return Err(LeaseError::Held(Box::new(granted)));
+                    }
+                    if let Some(entry) = self.held().get_mut(&request.run_id) {
+                        entry.lease_id = lease.lease_id.clone();
+                    }
+                    Ok(lease)
+                }
+            };
         }
-        let lock = RunLock::acquire(request.lock_paths.clone())?;
+        let paths = request.lock_paths.clone();
+        let lock = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
+            .await
+            .map_err(|e| LeaseError::Join(e.to_string()))??;
         let granted = self.store.try_acquire_lease(&lease, &now).await?;
         if granted.lease_id != lease.lease_id {
             // Another replica's live lease: keep out (our lock is released on drop).
             return Err(LeaseError::Held(Box::new(granted)));
         }
-        held.insert(
+        self.held().insert(
             request.run_id.clone(),
             Held {
                 lease_id: lease.lease_id.clone(),
-                _lock: lock,
+                run_lock: request.run_lock(),
+                lock: Arc::new(lock),
             },
         );
         Ok(lease)
@@ -131,7 +214,13 @@ impl Leases {
         lease_id: &str,
         ttl: time::Duration,
     ) -> Result<Lease, LeaseError> {
-        let mut held = self.held.lock().await;
+        let Some((held_id, run_lock)) = self.held_entry(run_id) else {
+            return Err(not_holder(run_id, lease_id));
+        };
+        let _run = self.local.lock(&run_lock).await;
+        if held_id != lease_id || !matches!(self.end_if_expired(run_id).await?, Ending::Live) {
+            return Err(not_holder(run_id, lease_id));
+        }
         let now = self.clock.now();
         let renewed = self
             .store
@@ -142,79 +231,99 @@ impl Leases {
                 &recovery_sidecar::format_rfc3339(now + ttl),
             )
             .await?;
-        if !renewed || held.get(run_id).is_none_or(|h| h.lease_id != lease_id) {
-            if held.get(run_id).is_some_and(|h| h.lease_id == lease_id) {
-                held.remove(run_id);
-            }
-            return Err(LeaseError::NotHolder {
-                run_id: run_id.to_owned(),
-                lease_id: lease_id.to_owned(),
-            });
+        if !renewed {
+            self.forget(run_id, lease_id);
+            return Err(not_holder(run_id, lease_id));
         }
         self.store
             .get_lease(run_id)
             .await?
-            .ok_or(LeaseError::NotHolder {
-                run_id: run_id.to_owned(),
-                lease_id: lease_id.to_owned(),
-            })
+            .ok_or_else(|| not_holder(run_id, lease_id))
+    }
+
+    /// Drops our `flock` of a run if it is held under `lease_id`.
+    fn forget(&self, run_id: &str, lease_id: &str) {
+        let mut held = self.held();
+        if held.get(run_id).is_some_and(|h| h.lease_id == lease_id) {
+            held.remove(run_id);
+        }
     }
 
     /// Ends a lease: the database forgets it, then the `flock` is released.
     pub async fn release(&self, run_id: &str, lease_id: &str) -> Result<(), LeaseError> {
-        let mut held = self.held.lock().await;
+        let _run = match self.held_entry(run_id) {
+            Some((_, run_lock)) => Some(self.local.lock(&run_lock).await),
+            None => None,
+        };
         let released = self.store.release_lease(run_id, lease_id).await?;
-        if held.get(run_id).is_some_and(|h| h.lease_id == lease_id) {
-            held.remove(run_id);
-        }
+        self.forget(run_id, lease_id);
         if released {
             Ok(())
         } else {
-            Err(LeaseError::NotHolder {
-                run_id: run_id.to_owned(),
-                lease_id: lease_id.to_owned(),
-            })
+            Err(not_holder(run_id, lease_id))
         }
     }
 
-    /// The run's recorded lease (live or expired-but-not-yet-swept).
-    pub async fn holder(&self, run_id: &str) -> Result<Option<Lease>, LeaseError> {
-        Ok(self.store.get_lease(run_id).await?)
+    /// Ends our lease of a run when it has expired (or was taken over by another replica):
+    /// the database forgets it, then its `flock` is released. Call inside the run's mutex.
+    /// Returns whether a lease was ended.
+    async fn end_if_expired(&self, run_id: &str) -> Result<Ending, LeaseError> {
+        let Some((lease_id, _)) = self.held_entry(run_id) else {
+            return Ok(Ending::Live);
+        };
+        let now = self.clock.now_text();
+        match self.store.get_lease(run_id).await? {
+            Some(lease) if lease.lease_id == lease_id && lease.expires_at > now => Ok(Ending::Live),
+            Some(lease) if lease.lease_id == lease_id => {
+                self.store.release_lease(run_id, &lease_id).await?;
+                self.forget(run_id, &lease_id);
+                self.audit("system", "lease.expired", run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expired_at": lease.expires_at})).await?;
+                tracing::info!(run_id, holder = %lease.holder, "lease expired; run lock released");
+                Ok(Ending::Expired(Box::new(lease)))
+            }
+            _ => {
+                self.forget(run_id, &lease_id);
+                Ok(Ending::Gone)
+            }
+        }
     }
 
-    /// Whether `lease_id` holds the run now.
-    pub async fn is_live(&self, run_id: &str, lease_id: &str) -> Result<bool, LeaseError> {
+    /// The run's live lease, after ending ours if it expired (so a lease reported gone has
+    /// released its `flock`).
+    pub async fn holder(&self, run_id: &str) -> Result<Option<Lease>, LeaseError> {
+        if let Some((_, run_lock)) = self.held_entry(run_id) {
+            let _run = self.local.lock(&run_lock).await;
+            self.end_if_expired(run_id).await?;
+        }
         let now = self.clock.now_text();
         Ok(self
             .store
             .get_lease(run_id)
             .await?
-            .is_some_and(|l| l.lease_id == lease_id && l.expires_at > now))
+            .filter(|l| l.expires_at > now))
     }
 
-    /// Releases the locks of leases that expired (or that another replica took over); returns
-    /// the expired leases it ended.
+    /// Whether `lease_id` holds the run now.
+    pub async fn is_live(&self, run_id: &str, lease_id: &str) -> Result<bool, LeaseError> {
+        Ok(self
+            .holder(run_id)
+            .await?
+            .is_some_and(|l| l.lease_id == lease_id))
+    }
+
+    /// Ends the leases of ours that expired (or that another replica took over); returns the
+    /// expired leases it ended.
     pub async fn sweep(&self) -> Result<Vec<Lease>, LeaseError> {
-        let mut held = self.held.lock().await;
-        let now = self.clock.now_text();
+        let runs: Vec<(String, PathBuf)> = self
+            .held()
+            .iter()
+            .map(|(run_id, h)| (run_id.clone(), h.run_lock.clone()))
+            .collect();
         let mut ended = Vec::new();
-        let runs: Vec<String> = held.keys().cloned().collect();
-        for run_id in runs {
-            let lease_id = held
-                .get(&run_id)
-                .map(|h| h.lease_id.clone())
-                .unwrap_or_default();
-            match self.store.get_lease(&run_id).await? {
-                Some(lease) if lease.lease_id == lease_id && lease.expires_at > now => {}
-                Some(lease) if lease.lease_id == lease_id => {
-                    self.store.release_lease(&run_id, &lease_id).await?;
-                    held.remove(&run_id);
-                    self.audit("system", "lease.expired", &run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expired_at": lease.expires_at})).await?;
-                    ended.push(lease);
-                }
-                _ => {
-                    held.remove(&run_id);
-                }
+        for (run_id, run_lock) in runs {
+            let _run = self.local.lock(&run_lock).await;
+            if let Ending::Expired(lease) = self.end_if_expired(&run_id).await? {
+                ended.push(*lease);
             }
         }
         Ok(ended)
@@ -227,20 +336,24 @@ impl Leases {
         reason: &str,
         request: &LeaseRequest,
     ) -> Result<(Lease, Option<Lease>), LeaseError> {
-        let mut held = self.held.lock().await;
+        let _run = self.local.lock(&request.run_lock()).await;
         let lease = self.lease_for(request, recovery_sidecar::new_id());
-        if !held.contains_key(&request.run_id) {
-            let lock = RunLock::acquire(request.lock_paths.clone())?;
-            held.insert(
+        if self.held_entry(&request.run_id).is_none() {
+            let paths = request.lock_paths.clone();
+            let lock = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
+                .await
+                .map_err(|e| LeaseError::Join(e.to_string()))??;
+            self.held().insert(
                 request.run_id.clone(),
                 Held {
                     lease_id: lease.lease_id.clone(),
-                    _lock: lock,
+                    run_lock: request.run_lock(),
+                    lock: Arc::new(lock),
                 },
             );
         }
         let previous = self.store.replace_lease(&lease).await?;
-        if let Some(entry) = held.get_mut(&request.run_id) {
+        if let Some(entry) = self.held().get_mut(&request.run_id) {
             entry.lease_id = lease.lease_id.clone();
         }
         self.audit(
@@ -260,12 +373,11 @@ impl Leases {
 
     /// Releases every lease this process holds (graceful shutdown).
     pub async fn release_all(&self) -> Result<usize, LeaseError> {
-        let mut held = self.held.lock().await;
-        let count = held.len();
-        for (run_id, entry) in held.drain() {
-            self.store.release_lease(&run_id, &entry.lease_id).await?;
+        let drained: Vec<(String, Held)> = self.held().drain().collect();
+        for (run_id, entry) in &drained {
+            self.store.release_lease(run_id, &entry.lease_id).await?;
         }
-        Ok(count)
+        Ok(drained.len())
     }
 
     async fn audit(

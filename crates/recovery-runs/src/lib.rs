@@ -6,13 +6,16 @@
 //! - [`events`]: the sidecar lines (drift journal, approvals, attempt extensions, resubmits).
 //! - [`registry`]: recording events, manifests and identities; reindex.
 //! - [`leases`]: acquire, heartbeat, release, expiry sweep and operator takeover.
+//! - [`runlock`]: the per-run critical section ([`LockedRun`]) every mutation happens in.
 
 pub mod clock;
 pub mod events;
 pub mod leases;
 pub mod registry;
+pub mod runlock;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use events::{ApprovalLine, DriftLine, ExtensionLine};
 pub use leases::{LeaseError, LeaseRequest, Leases};
 pub use registry::{Registry, RegistryError, ReindexReport};
+pub use runlock::{LocalRunLocks, LockedRun, RunLockError, RunLocks};

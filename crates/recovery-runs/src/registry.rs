@@ -1,17 +1,25 @@
 //! Recording runs and their events, sidecar first and database second, and rebuilding the
 //! database from the sidecars.
 //!
-//! Invariants: a sidecar write is complete and fsynced before the database hears of it, so after
-//! a crash the files are ahead of (never behind) the database; [`Registry::reindex`] replays every
-//! sidecar under the roots and inserts what is missing, idempotently (ids are the sidecar lines'
-//! ids); an unreadable manifest or journal line is reported, never fatal, and never replaced.
+//! Invariants: every change takes a [`LockedRun`] (one writer per run: see [`crate::runlock`]); a
+//! sidecar write is complete and fsynced before the database hears of it, so after a crash the
+//! files are ahead of (never behind) the database; [`Registry::reindex`] replays every sidecar
+//! under the roots and inserts what is missing, idempotently (line ids derive from the lines), and
+//! reconciles the runs table with the manifests it finds (the files are the truth: a manifest
+//! whose run differs from the one recorded for its output supersedes it); an unreadable manifest
+//! or journal line is reported, never fatal, and never replaced.
 
 use crate::clock::Clock;
-use crate::events::{ApprovalLine, DriftLine, ExtensionLine, resubmit_id};
+use crate::events::{
+    ApprovalLine, DRIFT_JOURNAL, DriftLine, EXTENSION_JOURNAL, ExtensionLine, line_id, resubmit_id,
+};
+use crate::leases::Leases;
+use crate::runlock::{LockedRun, RunLockError, RunLocks};
 use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
-    Confinement, PathError, SidecarPaths, append_line, atomic_write_json, read_lines,
+    Confinement, PathError, SidecarPaths, append_line, append_line_at, atomic_write_json,
+    read_lines, read_lines_at,
 };
 use recovery_store::{
     Approval, AttemptExtension, DriftEvent, Rejudgment, Resubmit, RunRecord, Store, StoreError,
@@ -37,6 +45,8 @@ pub enum RegistryError {
     Store(#[from] StoreError),
     #[error("background file work failed: {0}")]
     Join(String),
+    #[error(transparent)]
+    Lock(#[from] RunLockError),
 }
 
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RegistryError {
@@ -54,6 +64,8 @@ pub struct ReindexReport {
     pub extensions_inserted: usize,
     pub resubmits_inserted: usize,
     pub rejudgments_inserted: usize,
+    /// Runs whose output a manifest on disk showed to belong to another run now: (old, new).
+    pub superseded: Vec<(String, String)>,
     /// Files or lines that could not be read (path and reason).
     pub unreadable: Vec<(String, String)>,
 }
@@ -67,6 +79,7 @@ impl ReindexReport {
         self.extensions_inserted += other.extensions_inserted;
         self.resubmits_inserted += other.resubmits_inserted;
         self.rejudgments_inserted += other.rejudgments_inserted;
+        self.superseded.extend(other.superseded);
         self.unreadable.extend(other.unreadable);
     }
 }
@@ -77,6 +90,7 @@ pub struct Registry {
     store: Store,
     confinement: Confinement,
     clock: Arc<dyn Clock>,
+    locks: RunLocks,
 }
 
 /// Runs blocking file work off the async executor.
@@ -107,16 +121,35 @@ fn run_record(
             .and_then(|n| i64::try_from(n).ok()),
         created_at: created_at.to_owned(),
         updated_at: updated_at.to_owned(),
+        superseded_by: None,
     }
 }
 
 impl Registry {
-    pub fn new(store: Store, confinement: Confinement, clock: Arc<dyn Clock>) -> Self {
+    /// A registry whose leases are granted as `replica`.
+    pub fn new(
+        store: Store,
+        confinement: Confinement,
+        clock: Arc<dyn Clock>,
+        replica: impl Into<String>,
+    ) -> Self {
+        let leases = Leases::new(store.clone(), clock.clone(), replica);
         Self {
+            locks: RunLocks::new(store.clone(), leases),
             store,
             confinement,
             clock,
         }
+    }
+
+    /// This process's leases (they share the per-run mutexes of [`Self::lock`]).
+    pub fn leases(&self) -> &Leases {
+        self.locks.leases()
+    }
+
+    /// Enters a run's critical section: every change to its files and rows happens inside.
+    pub async fn lock(&self, paths: &SidecarPaths) -> Result<LockedRun, RunLockError> {
+        self.locks.lock(paths).await
     }
 
     pub fn store(&self) -> &Store {
@@ -137,20 +170,29 @@ impl Registry {
     }
 
     /// Publishes the saved identity (when given) and then the manifest, each atomically, then
-    /// records the run.
+    /// records the run. A manifest that is rewritten keeps its form (see
+    /// [`RunManifest::to_value_like`]).
     pub async fn write_manifest(
         &self,
-        paths: &SidecarPaths,
+        run: &LockedRun,
         manifest: &RunManifest,
         identity: Option<&Value>,
     ) -> Result<RunRecord, RegistryError> {
+        let paths = run.paths();
         let (manifest_path, identity_path) = (paths.manifest.clone(), paths.identity.clone());
-        let (value, identity) = (manifest.to_value(), identity.cloned());
+        let (written, identity) = (manifest.clone(), identity.cloned());
         blocking(move || {
             if let Some(parent) = manifest_path.parent() {
                 std::fs::create_dir_all(parent)
                     .map_err(io(format!("creating {}", parent.display())))?;
             }
+            let value = match std::fs::read(&manifest_path)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
+            {
+                Some(previous) => written.to_value_like(&previous),
+                None => written.to_value(),
+            };
             if let Some(identity) = identity {
                 atomic_write_json(&identity_path, &identity, None)?;
             }
@@ -158,20 +200,51 @@ impl Registry {
             Ok(())
         })
         .await?;
+        self.record_run(manifest, &paths.output).await
+    }
+
+    /// Records the run a manifest describes at `output` (keeping its creation time); another run
+    /// recorded there is superseded and audited.
+    async fn record_run(
+        &self,
+        manifest: &RunManifest,
+        output: &Path,
+    ) -> Result<RunRecord, RegistryError> {
         let now = self.clock.now_text();
         let created = match self.store.get_run(&manifest.run_id).await? {
             Some(existing) => existing.created_at,
             None => now.clone(),
         };
-        let record = run_record(manifest, &paths.output, &created, &now);
-        self.store.upsert_run(&record).await?;
+        let record = run_record(manifest, output, &created, &now);
+        if let Some(previous) = self.store.upsert_run(&record).await? {
+            self.audit_superseded(&previous, &record).await?;
+        }
         Ok(record)
+    }
+
+    async fn audit_superseded(
+        &self,
+        previous: &str,
+        record: &RunRecord,
+    ) -> Result<(), RegistryError> {
+        tracing::warn!(previous, run_id = %record.run_id, output = %record.output_path, "a new run took over an output; the previous run is kept as superseded");
+        self.store
+            .insert_audit(&recovery_store::AuditEntry {
+                audit_id: recovery_sidecar::new_id(),
+                at: self.clock.now_text(),
+                actor: "system".into(),
+                action: "run.superseded".into(),
+                run_id: Some(previous.to_owned()),
+                details: serde_json::json!({"superseded_by": record.run_id, "output_path": record.output_path}),
+            })
+            .await?;
+        Ok(())
     }
 
     /// Journals a resume across operational drift (keys and digests, never values).
     pub async fn record_drift(
         &self,
-        paths: &SidecarPaths,
+        run: &LockedRun,
         manifest: &RunManifest,
         current_config_digest: &str,
         operational_keys: &[String],
@@ -179,15 +252,21 @@ impl Registry {
         let mut keys = operational_keys.to_vec();
         keys.sort();
         let line = DriftLine {
-            id: recovery_sidecar::new_id(),
+            id: None,
             at: self.clock.now_text(),
             run_id: manifest.run_id.clone(),
             saved_config_digest: manifest.config_digest.clone(),
             current_config_digest: current_config_digest.to_owned(),
             operational_keys: keys,
         };
-        append_json_line(&paths.resume_drift, &line).await?;
-        let event = drift_event(line);
+        let id = append_json_line(
+            &run.paths().resume_drift,
+            &manifest.run_id,
+            DRIFT_JOURNAL,
+            &line,
+        )
+        .await?;
+        let event = drift_event(id, line);
         self.store.insert_drift_event(&event).await?;
         Ok(event)
     }
@@ -195,7 +274,7 @@ impl Registry {
     /// Journals an operator's approval to rerun exactly one masked attempt.
     pub async fn record_approval(
         &self,
-        paths: &SidecarPaths,
+        run: &LockedRun,
         run_id: &str,
         by: &str,
         reason: &str,
@@ -210,7 +289,7 @@ impl Registry {
             rollout_index,
             attempt_index,
         };
-        append_json_line(&paths.rerun_masked, &line).await?;
+        append_json_line(&run.paths().rerun_masked, run_id, "rerun_masked", &line).await?;
         let approval = approval_record(run_id, line);
         self.store.insert_approval(&approval).await?;
         Ok(approval)
@@ -220,10 +299,10 @@ impl Registry {
     /// file-based readers stop honouring it too), then the database records the revocation.
     pub async fn revoke_approval(
         &self,
-        paths: &SidecarPaths,
+        run: &LockedRun,
         approval_id: &str,
     ) -> Result<bool, RegistryError> {
-        let journal = paths.rerun_masked.clone();
+        let journal = run.paths().rerun_masked.clone();
         let id = approval_id.to_owned();
         let removed = blocking(move || {
             let lines =
@@ -256,21 +335,27 @@ impl Registry {
     /// Journals attempts added to every rollout's cap.
     pub async fn record_extension(
         &self,
-        paths: &SidecarPaths,
+        run: &LockedRun,
         run_id: &str,
         by: &str,
         reason: &str,
         extend_attempts: i64,
     ) -> Result<AttemptExtension, RegistryError> {
         let line = ExtensionLine {
-            id: recovery_sidecar::new_id(),
+            id: None,
             at: self.clock.now_text(),
             extend_attempts,
             by: by.to_owned(),
             reason: reason.to_owned(),
         };
-        append_json_line(&paths.attempt_extension, &line).await?;
-        let extension = extension_record(run_id, line);
+        let id = append_json_line(
+            &run.paths().attempt_extension,
+            run_id,
+            EXTENSION_JOURNAL,
+            &line,
+        )
+        .await?;
+        let extension = extension_record(run_id, id, line);
         self.store.insert_extension(&extension).await?;
         Ok(extension)
     }
@@ -279,10 +364,11 @@ impl Registry {
     /// repairing a torn tail, which must not count) as the new offset.
     pub async fn record_resubmit(
         &self,
-        paths: &SidecarPaths,
+        run: &LockedRun,
         run_id: &str,
         by: &str,
     ) -> Result<Resubmit, RegistryError> {
+        let paths = run.paths();
         let (failures, offsets) = (paths.failures.clone(), paths.resubmit_offset.clone());
         let (offset, line_number) = blocking(move || {
             recovery_sidecar::prepare_append(&failures)
@@ -310,8 +396,45 @@ impl Registry {
     }
 
     /// Records a re-judgment admitted in the manifest (the manifest is the sidecar record).
-    pub async fn record_rejudgment(&self, rejudgment: &Rejudgment) -> Result<bool, RegistryError> {
+    pub async fn record_rejudgment(
+        &self,
+        _run: &LockedRun,
+        rejudgment: &Rejudgment,
+    ) -> Result<bool, RegistryError> {
         Ok(self.store.insert_rejudgment(rejudgment).await?)
+    }
+
+    /// Removes the hidden temporaries of atomic writes (`.<name>.<32 hex>.tmp`) under the roots
+    /// that were last modified before `before` (the start of this process): their writer is
+    /// gone, and the target they were meant to replace is intact. Returns how many it removed.
+    pub async fn remove_stale_temporaries(
+        &self,
+        before: std::time::SystemTime,
+    ) -> Result<usize, RegistryError> {
+        let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
+        blocking(move || {
+            let mut removed = 0;
+            for root in &roots {
+                for entry in walkdir::WalkDir::new(root)
+                    .follow_links(false)
+                    .into_iter()
+                    .filter_map(Result::ok)
+                {
+                    let stale = entry.file_type().is_file()
+                        && is_atomic_temporary(&entry.file_name().to_string_lossy())
+                        && entry
+                            .metadata()
+                            .ok()
+                            .and_then(|m| m.modified().ok())
+                            .is_some_and(|modified| modified < before);
+                    if stale && std::fs::remove_file(entry.path()).is_ok() {
+                        removed += 1;
+                    }
+                }
+            }
+            Ok(removed)
+        })
+        .await
     }
 
     /// Brings the database up to date with every sidecar under the roots.
@@ -325,11 +448,46 @@ impl Registry {
         Ok(report)
     }
 
-    /// Reindexes one run from its manifest path.
+    /// Adopts the run that the files at `output` hold (its manifest), whether or not the
+    /// database knew it, so an id read from disk resolves at once. `None` when no readable
+    /// manifest is there.
+    pub async fn adopt(&self, output: &Path) -> Result<Option<RunRecord>, RegistryError> {
+        let paths = self.paths_for(output)?;
+        let _rows = self.locks.lock_rows(&paths).await?;
+        self.adopt_unlocked(&paths).await
+    }
+
+    /// [`Self::adopt`] inside a run's critical section.
+    pub async fn adopt_locked(&self, run: &LockedRun) -> Result<Option<RunRecord>, RegistryError> {
+        self.adopt_unlocked(run.paths()).await
+    }
+
+    async fn adopt_unlocked(
+        &self,
+        paths: &SidecarPaths,
+    ) -> Result<Option<RunRecord>, RegistryError> {
+        let manifest_path = paths.manifest.clone();
+        if !blocking(move || Ok(manifest_path.is_file())).await? {
+            return Ok(None);
+        }
+        self.reindex_unlocked(&paths.manifest).await?;
+        Ok(self
+            .store
+            .find_run_by_output(&paths.output.display().to_string())
+            .await?)
+    }
+
+    /// Reindexes one run from its manifest path (holding its rows against our writers).
     pub async fn reindex_manifest(
         &self,
         manifest_path: &Path,
     ) -> Result<ReindexReport, RegistryError> {
+        let paths = SidecarPaths::for_output(&output_for_manifest(manifest_path));
+        let _rows = self.locks.lock_rows(&paths).await?;
+        self.reindex_unlocked(manifest_path).await
+    }
+
+    async fn reindex_unlocked(&self, manifest_path: &Path) -> Result<ReindexReport, RegistryError> {
         let mut report = ReindexReport {
             manifests: 1,
             ..Default::default()
@@ -357,22 +515,24 @@ impl Registry {
             }
         };
         let now = self.clock.now_text();
-        // One lookup: a known run keeps its creation time and its recorded output path.
-        let (created, output_text) = match self.store.get_run(&manifest.run_id).await? {
-            Some(existing) => (existing.created_at, existing.output_path),
-            None => {
-                report.runs += 1;
-                (now.clone(), output.display().to_string())
-            }
-        };
-        self.store
-            .upsert_run(&run_record(
-                &manifest,
-                Path::new(&output_text),
-                &created,
-                &now,
-            ))
-            .await?;
+        // A known run keeps its creation time and its recorded output path when this manifest is
+        // that output's; otherwise the files are the truth and the record follows them.
+        let existing = self.store.get_run(&manifest.run_id).await?;
+        if existing.is_none() {
+            report.runs += 1;
+        }
+        let created = existing
+            .as_ref()
+            .map_or_else(|| now.clone(), |e| e.created_at.clone());
+        let output = existing
+            .map(|e| PathBuf::from(e.output_path))
+            .filter(|recorded| SidecarPaths::for_output(recorded).manifest == manifest_path)
+            .unwrap_or(output);
+        let record = run_record(&manifest, &output, &created, &now);
+        if let Some(previous) = self.store.upsert_run(&record).await? {
+            self.audit_superseded(&previous, &record).await?;
+            report.superseded.push((previous, record.run_id.clone()));
+        }
 
         let run_id = manifest.run_id.clone();
         let journals = (
@@ -385,22 +545,29 @@ impl Registry {
             let read = |path: &PathBuf| {
                 read_lines(path).map_err(io(format!("reading {}", path.display())))
             };
+            let read_at = |path: &PathBuf| {
+                read_lines_at(path).map_err(io(format!("reading {}", path.display())))
+            };
             Ok((
-                read(&journals.0)?,
+                read_at(&journals.0)?,
                 read(&journals.1)?,
-                read(&journals.2)?,
+                read_at(&journals.2)?,
                 read(&journals.3)?,
             ))
         })
         .await?;
-        for (number, line) in drift.iter().enumerate() {
-            match serde_json::from_slice::<DriftLine>(line) {
+        for (offset, bytes) in &drift {
+            match serde_json::from_slice::<DriftLine>(bytes) {
                 Ok(line) => {
-                    report.drift_inserted +=
-                        usize::from(self.store.insert_drift_event(&drift_event(line)).await?)
+                    let id = line_id(&run_id, DRIFT_JOURNAL, *offset, bytes);
+                    report.drift_inserted += usize::from(
+                        self.store
+                            .insert_drift_event(&drift_event(id, line))
+                            .await?,
+                    )
                 }
                 Err(e) => report.unreadable.push((
-                    format!("{}:{}", paths.resume_drift.display(), number + 1),
+                    format!("{}@{offset}", paths.resume_drift.display()),
                     e.to_string(),
                 )),
             }
@@ -421,17 +588,18 @@ impl Registry {
                 )),
             }
         }
-        for (number, line) in extensions.iter().enumerate() {
-            match serde_json::from_slice::<ExtensionLine>(line) {
+        for (offset, bytes) in &extensions {
+            match serde_json::from_slice::<ExtensionLine>(bytes) {
                 Ok(line) => {
+                    let id = line_id(&run_id, EXTENSION_JOURNAL, *offset, bytes);
                     report.extensions_inserted += usize::from(
                         self.store
-                            .insert_extension(&extension_record(&run_id, line))
+                            .insert_extension(&extension_record(&run_id, id, line))
                             .await?,
                     )
                 }
                 Err(e) => report.unreadable.push((
-                    format!("{}:{}", paths.attempt_extension.display(), number + 1),
+                    format!("{}@{offset}", paths.attempt_extension.display()),
                     e.to_string(),
                 )),
             }
@@ -484,26 +652,33 @@ pub fn unix_to_text(seconds: f64) -> String {
         .unwrap_or_else(|_| "1970-01-01T00:00:00.000000Z".into())
 }
 
-async fn append_json_line<T: serde::Serialize>(path: &Path, line: &T) -> Result<(), RegistryError> {
+/// Appends a journal line (under the run's lock: one writer) and returns its derived id.
+async fn append_json_line<T: serde::Serialize>(
+    path: &Path,
+    run_id: &str,
+    journal: &'static str,
+    line: &T,
+) -> Result<String, RegistryError> {
     let bytes = serde_json::to_vec(line).map_err(|e| RegistryError::Io {
         context: "serialising a journal line".into(),
         source: e.into(),
     })?;
-    let path = path.to_owned();
+    let (path, run_id) = (path.to_owned(), run_id.to_owned());
     blocking(move || {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(io(format!("creating {}", parent.display())))?;
         }
-        append_line(&path, &bytes).map_err(io(format!("appending to {}", path.display())))?;
-        Ok(())
+        let (_, offset) = append_line_at(&path, &bytes)
+            .map_err(io(format!("appending to {}", path.display())))?;
+        Ok(line_id(&run_id, journal, offset, &bytes))
     })
     .await
 }
 
-fn drift_event(line: DriftLine) -> DriftEvent {
+fn drift_event(id: String, line: DriftLine) -> DriftEvent {
     DriftEvent {
-        event_id: line.id,
+        event_id: line.id.unwrap_or(id),
         run_id: line.run_id,
         at: line.at,
         saved_config_digest: line.saved_config_digest,
@@ -527,15 +702,32 @@ fn approval_record(run_id: &str, line: ApprovalLine) -> Approval {
     }
 }
 
-fn extension_record(run_id: &str, line: ExtensionLine) -> AttemptExtension {
+fn extension_record(run_id: &str, id: String, line: ExtensionLine) -> AttemptExtension {
     AttemptExtension {
-        event_id: line.id,
+        event_id: line.id.unwrap_or(id),
         run_id: run_id.to_owned(),
         at: line.at,
         by: line.by,
         reason: line.reason,
         extend_attempts: line.extend_attempts,
     }
+}
+
+/// Whether a file name is an atomic write's temporary: `.<name>.<32 lowercase hex>.tmp`.
+fn is_atomic_temporary(name: &str) -> bool {
+    let Some(rest) = name
+        .strip_prefix('.')
+        .and_then(|rest| rest.strip_suffix(".tmp"))
+    else {
+        return false;
+    };
+    rest.rsplit_once('.').is_some_and(|(target, id)| {
+        !target.is_empty()
+            && id.len() == 32
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// Every `*_manifest.json` under the roots (symlinks not followed, hidden temporaries skipped).

@@ -5,7 +5,7 @@ use recovery_core::manifest::RunManifest;
 use recovery_runs::{
     DriftLine, LeaseError, LeaseRequest, Leases, ManualClock, Registry, SystemClock,
 };
-use recovery_sidecar::{Confinement, read_lines};
+use recovery_sidecar::Confinement;
 use recovery_store::{DriftFilter, Store};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -20,14 +20,20 @@ async fn sqlite_store(dir: &Path) -> Store {
         .expect("store")
 }
 
+/// The ids of a drift journal's lines, derived as the registry derives them.
 fn drift_ids(path: &Path) -> Vec<String> {
-    read_lines(path)
+    recovery_sidecar::read_lines_at(path)
         .expect("journal")
         .iter()
-        .map(|line| {
-            serde_json::from_slice::<DriftLine>(line)
-                .expect("every complete journal line is a drift line")
-                .id
+        .map(|(offset, line)| {
+            let parsed = serde_json::from_slice::<DriftLine>(line)
+                .expect("every complete journal line is a drift line");
+            recovery_runs::events::line_id(
+                &parsed.run_id,
+                recovery_runs::events::DRIFT_JOURNAL,
+                *offset,
+                line,
+            )
         })
         .collect()
 }
@@ -116,6 +122,7 @@ async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_li
         store.clone(),
         Confinement::new([root.path().to_owned()]).expect("root"),
         Arc::new(SystemClock),
+        "test",
     );
     let report = registry.reindex().await.expect("reindex");
     assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
@@ -169,6 +176,7 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
         store.clone(),
         Confinement::new([root.path().to_owned()]).expect("root"),
         Arc::new(SystemClock),
+        "test",
     );
     let paths = registry
         .paths_for(&root.path().join("a/out.jsonl"))
@@ -178,7 +186,7 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
     recovery_sidecar::atomic_write_json(&paths.manifest, &manifest.to_value(), None)
         .expect("manifest only");
     let sidecar_only = DriftLine {
-        id: "d-sidecar-only".into(),
+        id: Some("d-sidecar-only".into()),
         at: "2026-11-29T10:00:00.000000Z".into(),
         run_id: manifest.run_id.clone(),
         saved_config_digest: "c".into(),
@@ -256,14 +264,16 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
         store.clone(),
         Confinement::new([root.path().to_owned()]).expect("root"),
         Arc::new(SystemClock),
+        "test",
     );
     let paths = registry
         .paths_for(&root.path().join("b/out.jsonl"))
         .expect("paths");
+    let run = registry.lock(&paths).await.expect("lock");
     let manifest = RunManifest::create("cd".repeat(16), "s", "m", "c", Some(3));
     registry
         .write_manifest(
-            &paths,
+            &run,
             &manifest,
             Some(&serde_json::json!({"collection": {}, "servers": {}, "token_id_capture": {}})),
         )
@@ -271,12 +281,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
         .expect("write");
     assert!(paths.identity.exists() && paths.manifest.exists());
     let drift = registry
-        .record_drift(
-            &paths,
-            &manifest,
-            "d",
-            &["b.timeout".into(), "a.port".into()],
-        )
+        .record_drift(&run, &manifest, "d", &["b.timeout".into(), "a.port".into()])
         .await
         .expect("drift");
     assert_eq!(
@@ -285,16 +290,36 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
         "keys are sorted"
     );
     let line = std::fs::read_to_string(&paths.resume_drift).expect("journal");
-    assert!(
-        line.contains(&drift.event_id) && !line.contains("value"),
-        "{line}"
+    let fields: BTreeSet<String> =
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&line)
+            .expect("one JSON object")
+            .keys()
+            .cloned()
+            .collect();
+    assert_eq!(
+        fields,
+        [
+            "at",
+            "current_config_digest",
+            "operational_keys",
+            "run_id",
+            "saved_config_digest"
+        ]
+        .map(String::from)
+        .into(),
+        "exactly the fields of decisions §6: {line}"
+    );
+    assert_eq!(
+        drift_ids(&paths.resume_drift),
+        std::slice::from_ref(&drift.event_id),
+        "the event id derives from the line"
     );
     let first = registry
-        .record_approval(&paths, &manifest.run_id, "op", "lost artifact", (3, 0, 1))
+        .record_approval(&run, &manifest.run_id, "op", "lost artifact", (3, 0, 1))
         .await
         .expect("approval");
     registry
-        .record_approval(&paths, &manifest.run_id, "op", "lost artifact", (4, 0, 2))
+        .record_approval(&run, &manifest.run_id, "op", "lost artifact", (4, 0, 2))
         .await
         .expect("approval");
     let approvals = recovery_core::journals::rerun_masked_approvals(
@@ -307,7 +332,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
     );
     assert!(
         registry
-            .revoke_approval(&paths, &first.approval_id)
+            .revoke_approval(&run, &first.approval_id)
             .await
             .expect("revoke")
     );
@@ -328,7 +353,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
             .any(|a| a.approval_id == first.approval_id && a.revoked_at.is_some())
     );
     registry
-        .record_extension(&paths, &manifest.run_id, "op", "outage", 2)
+        .record_extension(&run, &manifest.run_id, "op", "outage", 2)
         .await
         .expect("extension");
     let extension = recovery_core::journals::attempt_extension(
@@ -339,7 +364,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
     assert_eq!(extension, 2);
     std::fs::write(&paths.failures, b"{\"a\":1}\n{\"b\":2}\n{\"torn\":").expect("failures");
     let resubmit = registry
-        .record_resubmit(&paths, &manifest.run_id, "op")
+        .record_resubmit(&run, &manifest.run_id, "op")
         .await
         .expect("resubmit");
     assert_eq!(

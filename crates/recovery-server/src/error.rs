@@ -27,6 +27,8 @@ pub enum ErrorCode {
     PathRefused,
     /// A run already has a manifest at this output (resume with validate instead).
     RunExists,
+    /// The run's output was taken over by another run (`details.superseded_by`).
+    RunSuperseded,
     /// The saved identity does not verify against the current run.
     ResumeRefused,
     /// The saved run has no manifest.
@@ -63,6 +65,7 @@ impl ErrorCode {
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::RunExists
+            | Self::RunSuperseded
             | Self::ResumeRefused
             | Self::NoManifest
             | Self::NotEligible
@@ -154,7 +157,19 @@ impl From<recovery_runs::RegistryError> for ApiError {
             recovery_runs::RegistryError::Path(e) => {
                 Self::new(ErrorCode::PathRefused, e.to_string())
             }
+            recovery_runs::RegistryError::Lock(e) => e.into(),
             other => Self::internal("recording the run", other),
+        }
+    }
+}
+
+impl From<recovery_runs::RunLockError> for ApiError {
+    fn from(error: recovery_runs::RunLockError) -> Self {
+        match error {
+            recovery_runs::RunLockError::Locked(e) => {
+                Self::new(ErrorCode::RunLocked, e.to_string())
+            }
+            other => Self::internal("locking the run", other),
         }
     }
 }
@@ -171,6 +186,7 @@ impl From<recovery_runs::LeaseError> for ApiError {
             LeaseError::Locked(e) => Self::new(ErrorCode::RunLocked, e.to_string()),
             LeaseError::NotHolder { .. } => Self::new(ErrorCode::LeaseNotHeld, error.to_string()),
             LeaseError::Store(e) => e.into(),
+            LeaseError::Join(_) => Self::internal("the lease", error),
         }
     }
 }

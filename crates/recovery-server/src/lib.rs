@@ -18,7 +18,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use config::ServerConfig;
-use recovery_runs::{Clock, Leases, Registry, SystemClock};
+use recovery_runs::{Clock, Registry, SystemClock};
 use recovery_sidecar::Confinement;
 use recovery_store::Store;
 use state::AppState;
@@ -38,7 +38,7 @@ use utoipa::OpenApi;
         routes::ops::extend, routes::ops::resubmit, routes::ops::reserve,
         routes::ops::admit_rejudgment, routes::ops::close_rejudgment,
         routes::leases::acquire, routes::leases::heartbeat, routes::leases::release, routes::leases::holder, routes::leases::takeover,
-        routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
+        routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
     ),
     components(schemas(error::ApiErrorBody, error::ErrorCode)),
     modifiers(&BearerAuth),
@@ -154,6 +154,7 @@ pub fn app(state: AppState) -> Router {
             "/runs/{run_id}/lease/takeover",
             post(routes::leases::takeover),
         )
+        .route("/reindex", post(routes::system::reindex))
         .route("/healthz", get(routes::system::healthz))
         .route("/readyz", get(routes::system::readyz))
         .route("/metrics", get(routes::system::metrics))
@@ -199,23 +200,39 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
     }
     let store = Store::connect(&config.database_url()).await?;
     let registry = Registry::new(
-        store.clone(),
+        store,
         Confinement::new(config.roots.clone())?,
-        clock.clone(),
+        clock,
+        config.replica.clone(),
     );
+    let removed = registry.remove_stale_temporaries(started_at()).await?;
+    if removed > 0 {
+        tracing::info!(
+            removed,
+            "removed temporaries left by an interrupted atomic write"
+        );
+    }
     let report = registry.reindex().await?;
     tracing::info!(
         manifests = report.manifests,
         runs = report.runs,
         drift = report.drift_inserted,
         approvals = report.approvals_inserted,
+        superseded = report.superseded.len(),
         unreadable = report.unreadable.len(),
         "reindexed sidecars"
     );
+    for (previous, run_id) in &report.superseded {
+        tracing::warn!(
+            previous,
+            run_id,
+            "a manifest on disk superseded the run recorded for its output"
+        );
+    }
     for (path, reason) in &report.unreadable {
         tracing::warn!(path, reason, "unreadable sidecar left as it is");
     }
-    let leases = Leases::new(store, clock, config.replica.clone());
+    let leases = registry.leases().clone();
     Ok(AppState {
         config: Arc::new(config),
         registry,
@@ -255,6 +272,13 @@ pub async fn serve(
     }
     state.registry.store().close().await;
     result
+}
+
+/// When this process started (the first call is made at start-up): temporaries older than this
+/// were left by a process that is gone.
+fn started_at() -> std::time::SystemTime {
+    static STARTED: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
+    *STARTED.get_or_init(std::time::SystemTime::now)
 }
 
 /// The system clock, for `start`.

@@ -1,9 +1,9 @@
 //! Shared service state and the helpers every handler uses.
 
 use crate::config::ServerConfig;
-use crate::error::{ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult, ErrorCode};
 use metrics_exporter_prometheus::PrometheusHandle;
-use recovery_runs::{Leases, Registry};
+use recovery_runs::{Leases, LockedRun, Registry};
 use recovery_sidecar::SidecarPaths;
 use recovery_store::RunRecord;
 use std::sync::{Arc, OnceLock};
@@ -32,7 +32,8 @@ pub fn metrics_handle() -> PrometheusHandle {
 }
 
 impl AppState {
-    /// A run's record and its companion paths (re-confined: the roots may have changed).
+    /// A run's record and its companion paths (re-confined: the roots may have changed). A run
+    /// whose output another run took over answers `run_superseded`, naming that run.
     pub async fn run(&self, run_id: &str) -> ApiResult<(RunRecord, SidecarPaths)> {
         let run = self
             .registry
@@ -40,10 +41,37 @@ impl AppState {
             .get_run(run_id)
             .await?
             .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
+        if let Some(successor) = &run.superseded_by {
+            return Err(ApiError::new(
+                ErrorCode::RunSuperseded,
+                format!(
+                    "run {run_id} was superseded by run {successor}, which now owns its output"
+                ),
+            )
+            .with_details(serde_json::json!({"superseded_by": successor})));
+        }
         let paths = self
             .registry
             .paths_for(std::path::Path::new(&run.output_path))?;
         Ok((run, paths))
+    }
+
+    /// A run's record, its paths, and its critical section (see `recovery_runs::runlock`).
+    pub async fn locked_run(&self, run_id: &str) -> ApiResult<(RunRecord, LockedRun)> {
+        let (run, paths) = self.run(run_id).await?;
+        let locked = self.registry.lock(&paths).await?;
+        Ok((run, locked))
+    }
+
+    /// Runs a change to completion even when the client goes away: the journal line, the
+    /// manifest and the database rows of one change are never split by a cancelled request.
+    pub async fn detached<T: Send + 'static>(
+        &self,
+        work: impl std::future::Future<Output = ApiResult<T>> + Send + 'static,
+    ) -> ApiResult<T> {
+        tokio::spawn(work)
+            .await
+            .map_err(|e| ApiError::internal("a run change", e))?
     }
 
     /// Runs blocking file work off the executor.
@@ -65,7 +93,7 @@ impl AppState {
             && presented != Some(lease.lease_id.as_str())
         {
             return Err(ApiError::new(
-                crate::error::ErrorCode::RunLocked,
+                ErrorCode::RunLocked,
                 format!("run {run_id} is held by {}", lease.holder),
             )
             .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})));

@@ -1074,6 +1074,57 @@ async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
     let (run_id, lease) = run_with_masked_answer(&app).await;
     let line = "{\"_ng_failure_class\":\"judge_failed\"}";
     let admit = json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": format!("{line}\n")});
+    let failures = recovery_sidecar::SidecarPaths::for_output(&app.output()).failures;
+    let manifest_before =
+        std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+            .expect("manifest");
+    let refusals = [
+        (
+            "a predecessor line the failures sidecar does not hold",
+            admit.clone(),
+            "predecessor_line",
+        ),
+        (
+            "an attempt never reserved",
+            json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 1, "predecessor_failure_id": "f-1", "predecessor_line": line}),
+            "attempt",
+        ),
+        (
+            "a rollout id outside the grammar",
+            json!({"lease_id": lease, "rollout_id": "../bad", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": line}),
+            "rollout_id",
+        ),
+    ];
+    for (case, body, field) in refusals {
+        let refused = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/rejudgments"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{case}: {}",
+            refused.body
+        );
+        assert!(
+            refused.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field)),
+            "{case}: {}",
+            refused.body
+        );
+    }
+    assert_eq!(
+        std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+            .expect("manifest"),
+        manifest_before,
+        "a refused admission changes nothing"
+    );
+    std::fs::write(&failures, format!("{line}\n")).expect("failures");
     let admitted = app
         .call(
             Method::POST,
@@ -1093,16 +1144,35 @@ async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
     )
     .expect("manifest");
     assert!(manifest.pending_rejudge.contains_key("1-0-a0"));
+    let operation = admitted.body["operation_id"].as_str().expect("operation");
     let twice = app
         .call(
             Method::POST,
             &format!("/runs/{run_id}/rejudgments"),
             Some(COLLECTOR),
-            Some(admit),
+            Some(admit.clone()),
         )
         .await;
-    assert_eq!(twice.status, StatusCode::CONFLICT);
-    let operation = admitted.body["operation_id"].as_str().expect("operation");
+    assert_eq!(
+        twice.status,
+        StatusCode::OK,
+        "the same predecessor again is idempotent"
+    );
+    assert_eq!(twice.body["operation_id"].as_str(), Some(operation));
+    let other = "{\"_ng_failure_class\":\"judge_unparseable\"}";
+    std::fs::write(&failures, format!("{line}\n{other}\n")).expect("failures");
+    let mut another = admit;
+    another["predecessor_failure_id"] = json!("f-2");
+    another["predecessor_line"] = json!(other);
+    let conflict = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments"),
+            Some(COLLECTOR),
+            Some(another),
+        )
+        .await;
+    assert_eq!(conflict.status, StatusCode::CONFLICT, "{}", conflict.body);
     let close = app
         .call(
             Method::POST,

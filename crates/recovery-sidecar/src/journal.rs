@@ -72,6 +72,13 @@ fn is_plain_line(tail: &[u8]) -> bool {
 
 /// Appends one line (a newline is added) and fsyncs it, repairing a torn tail first.
 pub fn append_line(path: &Path, line: &[u8]) -> std::io::Result<TailRepair> {
+    append_line_at(path, line).map(|(repair, _)| repair)
+}
+
+/// [`append_line`], also returning the byte offset the line starts at. The offset is exact only
+/// for the journal's one writer (callers hold the run's lock): a complete line's offset never
+/// changes, since tail repair only touches what follows the last complete line.
+pub fn append_line_at(path: &Path, line: &[u8]) -> std::io::Result<(TailRepair, u64)> {
     if line.contains(&b'\n') {
         return Err(std::io::Error::other(
             "a journal line must not contain a newline",
@@ -79,6 +86,7 @@ pub fn append_line(path: &Path, line: &[u8]) -> std::io::Result<TailRepair> {
     }
     let repair = prepare_append(path)?;
     let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    let offset = file.metadata()?.len();
     let mut buffer = Vec::with_capacity(line.len() + 1);
     buffer.extend_from_slice(line);
     buffer.push(b'\n');
@@ -90,11 +98,19 @@ pub fn append_line(path: &Path, line: &[u8]) -> std::io::Result<TailRepair> {
             File::open(dir)?.sync_all()?;
         }
     }
-    Ok(repair)
+    Ok((repair, offset))
 }
 
 /// The complete lines of a journal (a missing file has none; an unterminated tail is left out).
 pub fn read_lines(path: &Path) -> std::io::Result<Vec<Vec<u8>>> {
+    Ok(read_lines_at(path)?
+        .into_iter()
+        .map(|(_, line)| line)
+        .collect())
+}
+
+/// [`read_lines`] with each line's byte offset.
+pub fn read_lines_at(path: &Path) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -102,12 +118,15 @@ pub fn read_lines(path: &Path) -> std::io::Result<Vec<Vec<u8>>> {
     };
     let mut reader = BufReader::new(file);
     let mut lines = Vec::new();
+    let mut offset = 0u64;
     loop {
         let mut line = Vec::new();
-        if reader.read_until(b'\n', &mut line)? == 0 || line.last() != Some(&b'\n') {
+        let read = reader.read_until(b'\n', &mut line)?;
+        if read == 0 || line.last() != Some(&b'\n') {
             return Ok(lines);
         }
         line.pop();
-        lines.push(line);
+        lines.push((offset, line));
+        offset += read as u64;
     }
 }

@@ -127,6 +127,24 @@ pub struct SidecarPaths {
     pub aggregate_metrics: PathBuf,
 }
 
+/// The suffixes of every companion named after an output's stem (an output whose name ends with
+/// one of these, beside that stem's manifest, is another run's companion).
+pub const COMPANION_SUFFIXES: [&str; 13] = [
+    "_failures.jsonl",
+    "_materialized_inputs.jsonl",
+    "_manifest.json",
+    "_manifest_identity.json",
+    "_manifest_resume_drift.jsonl",
+    "_run.lock",
+    "_coverage.json",
+    "_attempt_extension.jsonl",
+    "_rerun_masked.jsonl",
+    "_resubmit_offset",
+    "_failure_classification.json",
+    "_attempts.jsonl",
+    "_aggregate_metrics.json",
+];
+
 /// `Path.stem`: the file name without its last extension (a leading dot is not an extension).
 fn stem(path: &Path) -> String {
     let name = path

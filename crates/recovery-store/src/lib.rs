@@ -13,7 +13,10 @@ mod records;
 pub use records::*;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
-use sqlx::{AnyPool, Row};
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyPool, Row};
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// Which database a store runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +36,8 @@ pub enum StoreError {
     Migration(#[from] sqlx::migrate::MigrateError),
     #[error("stored JSON is unreadable: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("the store is closed")]
+    Closed,
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
@@ -43,6 +48,51 @@ static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migr
 pub struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// Connections that may sit in a held advisory lock at once: fewer than the pool, so a
+    /// critical section holding one can always get another for its writes.
+    advisory_slots: Arc<Semaphore>,
+}
+
+const SQLITE_CONNECTIONS: u32 = 4;
+const POSTGRES_CONNECTIONS: u32 = 16;
+
+/// A PostgreSQL session advisory lock held on its own pooled connection (spanning replicas that
+/// share the database); released when dropped. On SQLite there is nothing to hold: replicas of
+/// one SQLite file share a machine, where the run's `flock` excludes them.
+#[derive(Debug)]
+pub struct AdvisoryLock {
+    /// In a mutex only to make the lock `Sync` (it is never locked concurrently).
+    held: std::sync::Mutex<Option<(PoolConnection<Any>, i64)>>,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+impl Drop for AdvisoryLock {
+    fn drop(&mut self) {
+        let held = self
+            .held
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let Some((mut connection, key)) = held else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                        .bind(key)
+                        .execute(&mut *connection)
+                        .await;
+                    if unlocked.is_err() {
+                        // Closing the session releases every lock it held.
+                        let _ = connection.close().await;
+                    }
+                });
+            }
+            // Without a runtime the connection is dropped unpooled: its session ends.
+            Err(_) => drop(connection.detach()),
+        }
+    }
 }
 
 fn json_list(value: &str) -> Result<Vec<String>, StoreError> {
@@ -73,8 +123,12 @@ impl Store {
             }
             _ => url.to_owned(),
         };
+        let connections = match backend {
+            Backend::Sqlite => SQLITE_CONNECTIONS,
+            Backend::Postgres => POSTGRES_CONNECTIONS,
+        };
         let pool = AnyPoolOptions::new()
-            .max_connections(if backend == Backend::Sqlite { 4 } else { 8 })
+            .max_connections(connections)
             .after_connect(move |connection, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -99,7 +153,37 @@ impl Store {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&pool).await?,
         }
-        Ok(Self { pool, backend })
+        Ok(Self {
+            pool,
+            backend,
+            advisory_slots: Arc::new(Semaphore::new(connections as usize / 2)),
+        })
+    }
+
+    /// Holds the cross-replica lock named `key` until the result is dropped (waits for it). On
+    /// SQLite nothing is held.
+    pub async fn advisory_lock(&self, key: i64) -> Result<AdvisoryLock, StoreError> {
+        if self.backend == Backend::Sqlite {
+            return Ok(AdvisoryLock {
+                held: std::sync::Mutex::new(None),
+                _slot: None,
+            });
+        }
+        let slot = self
+            .advisory_slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        let mut connection = self.pool.acquire().await?;
+        sqlx::query("SELECT pg_advisory_lock($1)")
+            .bind(key)
+            .execute(&mut *connection)
+            .await?;
+        Ok(AdvisoryLock {
+            held: std::sync::Mutex::new(Some((connection, key))),
+            _slot: Some(slot),
+        })
     }
 
     pub fn backend(&self) -> Backend {
@@ -118,15 +202,34 @@ impl Store {
 
     // --- runs -----------------------------------------------------------------------------
 
-    /// Records a run, or updates its digests and flags (a run's manifest may be rewritten).
-    pub async fn upsert_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+    /// Records a run, or updates its digests and flags (a run's manifest may be rewritten). In
+    /// one transaction: another run recorded for the same output path is marked superseded by
+    /// this one (kept in history under a suffixed path); returns that run's id.
+    pub async fn upsert_run(&self, run: &RunRecord) -> Result<Option<String>, StoreError> {
+        let mut transaction = self.pool.begin().await?;
+        let previous: Option<String> =
+            sqlx::query_scalar("SELECT run_id FROM runs WHERE output_path = $1 AND run_id <> $2")
+                .bind(&run.output_path)
+                .bind(&run.run_id)
+                .fetch_optional(&mut *transaction)
+                .await?;
+        if let Some(previous) = &previous {
+            sqlx::query(
+                "UPDATE runs SET output_path = output_path || $1, superseded_by = $2 WHERE run_id = $3",
+            )
+            .bind(format!("#superseded-by-{}", run.run_id))
+            .bind(&run.run_id)
+            .bind(previous)
+            .execute(&mut *transaction)
+            .await?;
+        }
         sqlx::query(
             "INSERT INTO runs (run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
              identity_overridden, max_rollout_attempts, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (run_id) DO UPDATE SET output_path = excluded.output_path, source_digest = excluded.source_digest, \
              materialized_digest = excluded.materialized_digest, config_digest = excluded.config_digest, \
              legacy_import = excluded.legacy_import, identity_overridden = excluded.identity_overridden, \
-             max_rollout_attempts = excluded.max_rollout_attempts, updated_at = excluded.updated_at",
+             max_rollout_attempts = excluded.max_rollout_attempts, updated_at = excluded.updated_at, superseded_by = NULL",
         )
         .bind(&run.run_id)
         .bind(&run.output_path)
@@ -138,23 +241,10 @@ impl Store {
         .bind(run.max_rollout_attempts)
         .bind(&run.created_at)
         .bind(&run.updated_at)
-        .execute(&self.pool)
+        .execute(&mut *transaction)
         .await?;
-        Ok(())
-    }
-
-    /// Forgets the run recorded for an output path (its sidecars were moved aside).
-    pub async fn detach_output(
-        &self,
-        output_path: &str,
-        replaced_suffix: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query("UPDATE runs SET output_path = output_path || $1 WHERE output_path = $2")
-            .bind(replaced_suffix)
-            .bind(output_path)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        transaction.commit().await?;
+        Ok(previous)
     }
 
     fn run_from_row(row: &AnyRow) -> Result<RunRecord, StoreError> {
@@ -169,6 +259,7 @@ impl Store {
             max_rollout_attempts: row.try_get("max_rollout_attempts")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
+            superseded_by: row.try_get("superseded_by")?,
         })
     }
 
@@ -176,7 +267,7 @@ impl Store {
         "run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica";
 
     const RUN_COLUMNS: &'static str = "run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
-         identity_overridden, max_rollout_attempts, created_at, updated_at";
+         identity_overridden, max_rollout_attempts, created_at, updated_at, superseded_by";
 
     pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
         let sql = format!("SELECT {} FROM runs WHERE run_id = $1", Self::RUN_COLUMNS);

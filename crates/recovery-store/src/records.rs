@@ -16,6 +16,9 @@ pub struct RunRecord {
     pub max_rollout_attempts: Option<i64>,
     pub created_at: String,
     pub updated_at: String,
+    /// The run that took this run's output over (this run is history only).
+    #[serde(default)]
+    pub superseded_by: Option<String>,
 }
 
 /// One `validate` outcome (refusals included).

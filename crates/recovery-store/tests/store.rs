@@ -89,6 +89,7 @@ fn run(id: &str, output: &str, second: u32) -> RunRecord {
         max_rollout_attempts: Some(3),
         created_at: time(second),
         updated_at: time(second),
+        superseded_by: None,
     }
 }
 
@@ -134,24 +135,23 @@ async fn runs_are_recorded_found_and_paged() {
             second.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
             ["r1"]
         );
-        store
-            .detach_output("/data/a.jsonl", ".replaced-1")
+        // Another run recorded for a.jsonl takes the path over; r1 stays as superseded history.
+        let superseded = store
+            .upsert_run(&run("r3", "/data/a.jsonl", 6))
             .await
-            .expect("detach");
+            .expect("take over");
+        assert_eq!(superseded.as_deref(), Some("r1"));
         assert_eq!(
             store
                 .find_run_by_output("/data/a.jsonl")
                 .await
-                .expect("find"),
-            None
+                .expect("find")
+                .map(|r| r.run_id),
+            Some("r3".into())
         );
-        assert!(
-            store
-                .get_run("r1")
-                .await
-                .expect("get")
-                .is_some_and(|r| r.output_path == "/data/a.jsonl.replaced-1")
-        );
+        let old = store.get_run("r1").await.expect("get").expect("kept");
+        assert_eq!(old.superseded_by.as_deref(), Some("r3"));
+        assert_eq!(old.output_path, "/data/a.jsonl#superseded-by-r3");
     })
     .await;
 }

@@ -22,8 +22,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         store,
         Confinement::new([root.clone()])?,
         Arc::new(SystemClock),
+        "crash-writer",
     );
     let paths = registry.paths_for(&root.join("runs/out.jsonl"))?;
+    let run = registry.lock(&paths).await?;
     let mut stdout = std::io::stdout();
     for i in start.. {
         let mut manifest = RunManifest::create(
@@ -37,11 +39,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // A large identity makes the write window wide enough to be hit by the kill.
         let identity = serde_json::json!({"collection": {"generation": i, "padding": "x".repeat(64 * 1024)}, "servers": {}, "token_id_capture": {}});
         registry
-            .write_manifest(&paths, &manifest, Some(&identity))
+            .write_manifest(&run, &manifest, Some(&identity))
             .await?;
         let event = registry
             .record_drift(
-                &paths,
+                &run,
                 &manifest,
                 &format!("current-{i}"),
                 &[format!("collection.timeout_{i}")],

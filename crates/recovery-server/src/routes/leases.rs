@@ -168,16 +168,23 @@ pub async fn holder(
     caller: Caller,
 ) -> ApiResult<Json<serde_json::Value>> {
     caller.require(Role::Viewer)?;
-    state.run(&run_id).await?;
-    let now = state.registry.clock().now_text();
-    let lease = state
-        .leases
-        .holder(&run_id)
-        .await?
-        .filter(|l| l.expires_at > now);
-    Ok(Json(
-        serde_json::json!({"run_id": run_id, "holder": lease.as_ref().map(lease_holder)}),
-    ))
+    let (_, paths) = state.run(&run_id).await?;
+    // An expired lease of ours is ended (its flock released) before it is reported gone.
+    let lease = state.leases.holder(&run_id).await?;
+    // Without a live lease, probe the run's flock: a holder outside the service (a Python
+    // collector, another service process without a lease) is reported.
+    let externally_locked = match &lease {
+        Some(_) => false,
+        None => {
+            let probe = state.registry.lock(&paths).await;
+            matches!(probe, Err(recovery_runs::RunLockError::Locked(_)))
+        }
+    };
+    Ok(Json(serde_json::json!({
+        "run_id": run_id,
+        "holder": lease.as_ref().map(lease_holder),
+        "locked_outside_service": externally_locked,
+    })))
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -12,7 +12,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use recovery_core::manifest::PendingRejudge;
 use recovery_core::plan::PlanState;
-use recovery_sidecar::{RunLock, SidecarPaths};
+use recovery_runs::LockedRun;
+use recovery_sidecar::SidecarPaths;
 use recovery_store::{Approval, AttemptExtension, Rejudgment, Resubmit};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -45,68 +46,74 @@ pub async fn approve(
     if request.reason.trim().is_empty() {
         return Err(ApiError::invalid("reason: say why this rerun is approved"));
     }
-    let (_, paths) = state.run(&run_id).await?;
-    let cap = state.config.default_max_attempts;
-    let work_paths = paths.clone();
-    let (_, plan) = state
-        .blocking(move || runfiles::build_plan(&work_paths, cap))
-        .await?;
-    let entry = plan
-        .entries
-        .iter()
-        .find(|e| {
-            recovery_core::rows::index(e.task_index.as_ref()) == Some(request.task_index)
-                && recovery_core::rows::index(e.rollout_index.as_ref())
-                    == Some(request.rollout_index)
+    let (_, run) = state.locked_run(&run_id).await?;
+    let work = state.clone();
+    state
+        .detached(async move {
+            let state = work;
+            let cap = state.config.default_max_attempts;
+            let work_paths = run.paths().clone();
+            let (_, plan) = state
+                .blocking(move || runfiles::build_plan(&work_paths, cap))
+                .await?;
+            let entry = plan
+                .entries
+                .iter()
+                .find(|e| {
+                    recovery_core::rows::index(e.task_index.as_ref()) == Some(request.task_index)
+                        && recovery_core::rows::index(e.rollout_index.as_ref())
+                            == Some(request.rollout_index)
+                })
+                .ok_or_else(|| {
+                    ApiError::not_found(format!(
+                        "run {run_id} has no rollout with task_index {} and rollout_index {}",
+                        request.task_index, request.rollout_index
+                    ))
+                })?;
+            let details = serde_json::json!({"state": entry.state, "reason": entry.reason, "latest_attempt": entry.latest_attempt});
+            if entry.latest_attempt != Some(request.attempt_index) {
+                return Err(not_eligible(
+                    format!(
+                        "attempt {} is not the rollout's latest attempt ({:?})",
+                        request.attempt_index, entry.latest_attempt
+                    ),
+                    details,
+                ));
+            }
+            if entry.state != PlanState::AwaitingApproval {
+                return Err(not_eligible(
+                    format!(
+                        "only a masked result that kept an answer without a grade is eligible; this attempt is {:?}: {}",
+                        entry.state, entry.reason
+                    ),
+                    details,
+                ));
+            }
+            let approval = state
+                .registry
+                .record_approval(
+                    &run,
+                    &run_id,
+                    &caller.name,
+                    &request.reason,
+                    (
+                        request.task_index,
+                        request.rollout_index,
+                        request.attempt_index,
+                    ),
+                )
+                .await?;
+            audit(
+                &state,
+                &caller,
+                "approval.create",
+                Some(&run_id),
+                serde_json::json!({"approval_id": approval.approval_id, "reason": request.reason}),
+            )
+            .await?;
+            Ok((StatusCode::CREATED, Json(approval)))
         })
-        .ok_or_else(|| {
-            ApiError::not_found(format!(
-                "run {run_id} has no rollout with task_index {} and rollout_index {}",
-                request.task_index, request.rollout_index
-            ))
-        })?;
-    let details = serde_json::json!({"state": entry.state, "reason": entry.reason, "latest_attempt": entry.latest_attempt});
-    if entry.latest_attempt != Some(request.attempt_index) {
-        return Err(not_eligible(
-            format!(
-                "attempt {} is not the rollout's latest attempt ({:?})",
-                request.attempt_index, entry.latest_attempt
-            ),
-            details,
-        ));
-    }
-    if entry.state != PlanState::AwaitingApproval {
-        return Err(not_eligible(
-            format!(
-                "only a masked result that kept an answer without a grade is eligible; this attempt is {:?}: {}",
-                entry.state, entry.reason
-            ),
-            details,
-        ));
-    }
-    let approval = state
-        .registry
-        .record_approval(
-            &paths,
-            &run_id,
-            &caller.name,
-            &request.reason,
-            (
-                request.task_index,
-                request.rollout_index,
-                request.attempt_index,
-            ),
-        )
-        .await?;
-    audit(
-        &state,
-        &caller,
-        "approval.create",
-        Some(&run_id),
-        serde_json::json!({"approval_id": approval.approval_id, "reason": request.reason}),
-    )
-    .await?;
-    Ok((StatusCode::CREATED, Json(approval)))
+        .await
 }
 
 /// List a run's approvals (with their use and revocation).
@@ -133,30 +140,36 @@ pub async fn revoke_approval(
     caller: Caller,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Operator)?;
-    let (_, paths) = state.run(&run_id).await?;
-    let approvals = state.registry.store().list_approvals(&run_id).await?;
-    let approval = approvals
-        .iter()
-        .find(|a| a.approval_id == approval_id)
-        .ok_or_else(|| {
-            ApiError::not_found(format!("run {run_id} has no approval {approval_id}"))
-        })?;
-    if approval.consumed_by_attempt.is_some() || approval.revoked_at.is_some() {
-        return Err(ApiError::new(
-            ErrorCode::Conflict,
-            format!("approval {approval_id} was already used or revoked"),
-        ));
-    }
-    state.registry.revoke_approval(&paths, &approval_id).await?;
-    audit(
-        &state,
-        &caller,
-        "approval.revoke",
-        Some(&run_id),
-        serde_json::json!({"approval_id": approval_id}),
-    )
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
+    let (_, run) = state.locked_run(&run_id).await?;
+    let work = state.clone();
+    state
+        .detached(async move {
+            let state = work;
+            let approvals = state.registry.store().list_approvals(&run_id).await?;
+            let approval = approvals
+                .iter()
+                .find(|a| a.approval_id == approval_id)
+                .ok_or_else(|| {
+                    ApiError::not_found(format!("run {run_id} has no approval {approval_id}"))
+                })?;
+            if approval.consumed_by_attempt.is_some() || approval.revoked_at.is_some() {
+                return Err(ApiError::new(
+                    ErrorCode::Conflict,
+                    format!("approval {approval_id} was already used or revoked"),
+                ));
+            }
+            state.registry.revoke_approval(&run, &approval_id).await?;
+            audit(
+                &state,
+                &caller,
+                "approval.revoke",
+                Some(&run_id),
+                serde_json::json!({"approval_id": approval_id}),
+            )
+            .await?;
+            Ok(StatusCode::NO_CONTENT)
+        })
+        .await
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -186,26 +199,32 @@ pub async fn extend(
     if request.reason.trim().is_empty() {
         return Err(ApiError::invalid("reason: say why attempts are added"));
     }
-    let (_, paths) = state.run(&run_id).await?;
-    let extension = state
-        .registry
-        .record_extension(
-            &paths,
-            &run_id,
-            &caller.name,
-            &request.reason,
-            request.extend_attempts,
-        )
-        .await?;
-    audit(
-        &state,
-        &caller,
-        "attempts.extend",
-        Some(&run_id),
-        serde_json::json!({"extend_attempts": request.extend_attempts, "reason": request.reason}),
-    )
-    .await?;
-    Ok((StatusCode::CREATED, Json(extension)))
+    let (_, run) = state.locked_run(&run_id).await?;
+    let work = state.clone();
+    state
+        .detached(async move {
+            let state = work;
+            let extension = state
+                .registry
+                .record_extension(
+                    &run,
+                    &run_id,
+                    &caller.name,
+                    &request.reason,
+                    request.extend_attempts,
+                )
+                .await?;
+            audit(
+                &state,
+                &caller,
+                "attempts.extend",
+                Some(&run_id),
+                serde_json::json!({"extend_attempts": request.extend_attempts, "reason": request.reason}),
+            )
+            .await?;
+            Ok((StatusCode::CREATED, Json(extension)))
+        })
+        .await
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -226,24 +245,28 @@ pub async fn resubmit(
     ApiJson(request): ApiJson<ResubmitRequest>,
 ) -> ApiResult<(StatusCode, Json<Resubmit>)> {
     caller.require(Role::Operator)?;
-    let (_, paths) = state.run(&run_id).await?;
+    let (_, run) = state.locked_run(&run_id).await?;
+    // No live lease may be writing failures while the history is repaired and counted.
     state.check_lease(&run_id, None).await?;
-    // The caller must own the run while the history is repaired and counted.
-    let _lock = RunLock::for_output(&paths.run_lock, None)
-        .map_err(|e| ApiError::new(ErrorCode::RunLocked, e.to_string()))?;
-    let resubmit = state
-        .registry
-        .record_resubmit(&paths, &run_id, &caller.name)
-        .await?;
-    audit(
-        &state,
-        &caller,
-        "attempts.resubmit",
-        Some(&run_id),
-        serde_json::json!({"line_offset": resubmit.line_offset, "reason": request.reason}),
-    )
-    .await?;
-    Ok((StatusCode::CREATED, Json(resubmit)))
+    let work = state.clone();
+    state
+        .detached(async move {
+            let state = work;
+            let resubmit = state
+                .registry
+                .record_resubmit(&run, &run_id, &caller.name)
+                .await?;
+            audit(
+                &state,
+                &caller,
+                "attempts.resubmit",
+                Some(&run_id),
+                serde_json::json!({"line_offset": resubmit.line_offset, "reason": request.reason}),
+            )
+            .await?;
+            Ok((StatusCode::CREATED, Json(resubmit)))
+        })
+        .await
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -260,19 +283,24 @@ pub struct ReserveResponse {
     pub attempts: BTreeMap<String, i64>,
 }
 
-async fn leased_manifest(
-    state: &AppState,
-    run_id: &str,
-    lease_id: &str,
-) -> ApiResult<SidecarPaths> {
-    let (_, paths) = state.run(run_id).await?;
-    if !state.leases.is_live(run_id, lease_id).await? {
+/// The run locked for a change by the holder of `lease_id` (checked inside the section, so the
+/// lease cannot end between the check and the change).
+async fn leased_run(state: &AppState, run_id: &str, lease_id: &str) -> ApiResult<LockedRun> {
+    let (_, run) = state.locked_run(run_id).await?;
+    let now = state.registry.clock().now_text();
+    let live = state
+        .registry
+        .store()
+        .get_lease(run_id)
+        .await?
+        .is_some_and(|l| l.lease_id == lease_id && l.expires_at > now);
+    if !live {
         return Err(ApiError::new(
             ErrorCode::LeaseNotHeld,
             format!("lease {lease_id} does not hold run {run_id}"),
         ));
     }
-    Ok(paths)
+    Ok(run)
 }
 
 /// Durably reserve execution numbers before dispatch (lease holder).
@@ -287,28 +315,48 @@ pub async fn reserve(
     ApiJson(request): ApiJson<ReserveRequest>,
 ) -> ApiResult<Json<ReserveResponse>> {
     caller.require(Role::Collector)?;
-    let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;
-    let cap = state.config.default_max_attempts;
-    let work_paths = paths.clone();
-    let (mut manifest, plan) = state
-        .blocking(move || runfiles::build_plan(&work_paths, cap))
-        .await?;
-    let mut attempts = BTreeMap::new();
+    let mut seen = std::collections::BTreeSet::new();
     for id in &request.rollout_ids {
-        let entry = plan
-            .entries
-            .iter()
-            .find(|e| &e.rollout_id == id)
-            .ok_or_else(|| {
-                ApiError::invalid(format!(
-                    "rollout_ids: {id} is not in this run's materialized inputs"
-                ))
-            })?;
-        if attempts.contains_key(id) {
+        if !seen.insert(id) {
             return Err(ApiError::invalid(format!(
                 "rollout_ids: {id} is listed twice"
             )));
         }
+    }
+    let run = leased_run(&state, &run_id, &request.lease_id).await?;
+    let work = state.clone();
+    state
+        .detached(async move { reserve_locked(&work, &run, &run_id, &request.rollout_ids).await })
+        .await
+        .map(Json)
+}
+
+/// Reserves the next execution number of each rollout inside the run's critical section: read,
+/// decide, publish the manifest, then mark used approvals. Nothing is written unless every id is
+/// valid, so a refused reserve changes nothing.
+async fn reserve_locked(
+    state: &AppState,
+    run: &LockedRun,
+    run_id: &str,
+    rollout_ids: &[String],
+) -> ApiResult<ReserveResponse> {
+    let cap = state.config.default_max_attempts;
+    let work_paths = run.paths().clone();
+    let (mut manifest, plan) = state
+        .blocking(move || runfiles::build_plan(&work_paths, cap))
+        .await?;
+    let entries: std::collections::HashMap<&str, &recovery_core::plan::PlanEntry> = plan
+        .entries
+        .iter()
+        .map(|e| (e.rollout_id.as_str(), e))
+        .collect();
+    let mut attempts = BTreeMap::new();
+    for id in rollout_ids {
+        let entry = entries.get(id.as_str()).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "rollout_ids: {id} is not in this run's materialized inputs"
+            ))
+        })?;
         let attempt = manifest
             .next_attempt
             .get(id)
@@ -318,17 +366,13 @@ pub async fn reserve(
             .insert(id.clone(), (attempt + 1) as u64);
         attempts.insert(id.clone(), attempt);
     }
-    state
-        .registry
-        .write_manifest(&paths, &manifest, None)
-        .await?;
+    state.registry.write_manifest(run, &manifest, None).await?;
     // An approved masked rerun is used by the attempt reserved for it.
-    let approvals = state.registry.store().list_approvals(&run_id).await?;
+    let approvals = state.registry.store().list_approvals(run_id).await?;
     for (id, attempt) in &attempts {
-        let Some(entry) = plan
-            .entries
-            .iter()
-            .find(|e| &e.rollout_id == id && e.state == PlanState::ApprovedRerun)
+        let Some(entry) = entries
+            .get(id.as_str())
+            .filter(|e| e.state == PlanState::ApprovedRerun)
         else {
             continue;
         };
@@ -353,7 +397,7 @@ pub async fn reserve(
                 .await?;
         }
     }
-    Ok(Json(ReserveResponse { attempts }))
+    Ok(ReserveResponse { attempts })
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -385,10 +429,28 @@ async fn readable_manifest(
     }
 }
 
-/// Admit a judge-only re-judgment before its judge call (lease holder).
+/// The logical rollout id grammar (facts §1: `_ng_rollout_id`), which attempt keys build on.
+static ROLLOUT_ID: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+    regex::Regex::new("^[A-Za-z0-9][A-Za-z0-9._-]*$").expect("static regex")
+});
+
+/// Whether the failures sidecar holds a complete line with this SHA-256.
+fn failures_hold_line(failures: &std::path::Path, sha256: &str) -> ApiResult<bool> {
+    let lines = recovery_sidecar::read_lines(failures)
+        .map_err(|e| ApiError::internal("reading the failures sidecar", e))?;
+    Ok(lines
+        .iter()
+        .any(|line| recovery_core::canonical::sha256_hex(line) == sha256))
+}
+
+/// Admit a judge-only re-judgment before its judge call (lease holder). Admitting the same
+/// predecessor again answers the open re-judgment (200).
 #[utoipa::path(post, path = "/runs/{run_id}/rejudgments", tag = "rejudgments", request_body = AdmitRejudgeRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 201, body = Object), (status = 409, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 201, body = Object, description = "Admitted"), (status = 200, body = Object, description = "Already admitted for this predecessor"),
+        (status = 409, description = "Another re-judgment of this attempt is open, or lease_not_held", body = ApiErrorBody),
+        (status = 422, description = "Bad id, unreserved attempt, or a predecessor line the failures sidecar does not hold", body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn admit_rejudgment(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
@@ -396,6 +458,11 @@ pub async fn admit_rejudgment(
     ApiJson(request): ApiJson<AdmitRejudgeRequest>,
 ) -> ApiResult<(StatusCode, Json<Rejudgment>)> {
     caller.require(Role::Collector)?;
+    if !ROLLOUT_ID.is_match(&request.rollout_id) {
+        return Err(ApiError::invalid(
+            "rollout_id: must match ^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        ));
+    }
     if request.predecessor_failure_id.is_empty() {
         return Err(ApiError::invalid(
             "predecessor_failure_id: must not be empty",
@@ -404,19 +471,76 @@ pub async fn admit_rejudgment(
     let line = request
         .predecessor_line
         .strip_suffix('\n')
-        .unwrap_or(&request.predecessor_line);
+        .unwrap_or(&request.predecessor_line)
+        .to_owned();
     if line.contains('\n') {
         return Err(ApiError::invalid(
             "predecessor_line: one saved line, without embedded newlines",
         ));
     }
-    let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;
-    let mut manifest = readable_manifest(&state, &paths).await?;
+    let run = leased_run(&state, &run_id, &request.lease_id).await?;
+    let work = state.clone();
+    state
+        .detached(async move { admit_locked(&work, &run, &run_id, &request, &line).await })
+        .await
+}
+
+async fn admit_locked(
+    state: &AppState,
+    run: &LockedRun,
+    run_id: &str,
+    request: &AdmitRejudgeRequest,
+    line: &str,
+) -> ApiResult<(StatusCode, Json<Rejudgment>)> {
+    let mut manifest = readable_manifest(state, run.paths()).await?;
     let key = format!("{}-a{}", request.rollout_id, request.attempt);
-    if manifest.pending_rejudge.contains_key(&key) {
+    let sha256 = recovery_core::canonical::sha256_hex(line.as_bytes());
+    if let Some(open) = manifest.pending_rejudge.get(&key) {
+        if open.predecessor_failure_id == request.predecessor_failure_id
+            && open.predecessor_sha256 == sha256
+        {
+            let existing = state
+                .registry
+                .store()
+                .list_rejudgments(run_id)
+                .await?
+                .into_iter()
+                .find(|r| r.operation_id == open.operation_id)
+                .unwrap_or_else(|| Rejudgment {
+                    operation_id: open.operation_id.clone(),
+                    run_id: run_id.to_owned(),
+                    attempt_key: key.clone(),
+                    admitted_at: recovery_runs::registry::unix_to_text(open.admitted_at),
+                    predecessor_failure_id: open.predecessor_failure_id.clone(),
+                    predecessor_sha256: open.predecessor_sha256.clone(),
+                    closed_at: None,
+                    outcome: None,
+                });
+            return Ok((StatusCode::OK, Json(existing)));
+        }
         return Err(ApiError::new(
             ErrorCode::Conflict,
-            format!("a re-judgment of {key} is already open"),
+            format!("a re-judgment of {key} is already open for another predecessor"),
+        ));
+    }
+    let reserved = manifest
+        .next_attempt
+        .get(&request.rollout_id)
+        .is_some_and(|next| request.attempt < *next);
+    if !reserved {
+        return Err(ApiError::invalid(format!(
+            "attempt: {} of {} was never reserved in this run",
+            request.attempt, request.rollout_id
+        )));
+    }
+    let failures = run.paths().failures.clone();
+    let expected = sha256.clone();
+    if !state
+        .blocking(move || failures_hold_line(&failures, &expected))
+        .await?
+    {
+        return Err(ApiError::invalid(
+            "predecessor_line: the failures sidecar holds no such line (its bytes must be the saved line's)",
         ));
     }
     let now = state.registry.clock().now();
@@ -424,18 +548,15 @@ pub async fn admit_rejudgment(
         admitted_at: now.unix_timestamp_nanos() as f64 / 1e9,
         operation_id: recovery_sidecar::new_id(),
         predecessor_failure_id: request.predecessor_failure_id.clone(),
-        predecessor_sha256: recovery_core::canonical::sha256_hex(line.as_bytes()),
+        predecessor_sha256: sha256,
     };
     manifest
         .pending_rejudge
         .insert(key.clone(), pending.clone());
-    state
-        .registry
-        .write_manifest(&paths, &manifest, None)
-        .await?;
+    state.registry.write_manifest(run, &manifest, None).await?;
     let rejudgment = Rejudgment {
         operation_id: pending.operation_id,
-        run_id: run_id.clone(),
+        run_id: run_id.to_owned(),
         attempt_key: key,
         admitted_at: recovery_sidecar::format_rfc3339(now),
         predecessor_failure_id: pending.predecessor_failure_id,
@@ -443,7 +564,7 @@ pub async fn admit_rejudgment(
         closed_at: None,
         outcome: None,
     };
-    state.registry.record_rejudgment(&rejudgment).await?;
+    state.registry.record_rejudgment(run, &rejudgment).await?;
     Ok((StatusCode::CREATED, Json(rejudgment)))
 }
 
@@ -466,31 +587,34 @@ pub async fn close_rejudgment(
     ApiJson(request): ApiJson<CloseRejudgeRequest>,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
-    let paths = leased_manifest(&state, &run_id, &request.lease_id).await?;
-    let mut manifest = readable_manifest(&state, &paths).await?;
-    let key = manifest
-        .pending_rejudge
-        .iter()
-        .find(|(_, p)| p.operation_id == operation_id)
-        .map(|(k, _)| k.clone());
-    let Some(key) = key else {
-        return Err(ApiError::not_found(format!(
-            "run {run_id} has no open re-judgment {operation_id}"
-        )));
-    };
-    manifest.pending_rejudge.shift_remove(&key);
+    let run = leased_run(&state, &run_id, &request.lease_id).await?;
+    let work = state.clone();
     state
-        .registry
-        .write_manifest(&paths, &manifest, None)
-        .await?;
-    state
-        .registry
-        .store()
-        .close_rejudgment(
-            &operation_id,
-            &state.registry.clock().now_text(),
-            &request.outcome,
-        )
-        .await?;
-    Ok(StatusCode::NO_CONTENT)
+        .detached(async move {
+            let state = work;
+            let mut manifest = readable_manifest(&state, run.paths()).await?;
+            let key = manifest
+                .pending_rejudge
+                .iter()
+                .find(|(_, p)| p.operation_id == operation_id)
+                .map(|(k, _)| k.clone());
+            let Some(key) = key else {
+                return Err(ApiError::not_found(format!(
+                    "run {run_id} has no open re-judgment {operation_id}"
+                )));
+            };
+            manifest.pending_rejudge.shift_remove(&key);
+            state.registry.write_manifest(&run, &manifest, None).await?;
+            state
+                .registry
+                .store()
+                .close_rejudgment(
+                    &operation_id,
+                    &state.registry.clock().now_text(),
+                    &request.outcome,
+                )
+                .await?;
+            Ok(StatusCode::NO_CONTENT)
+        })
+        .await
 }

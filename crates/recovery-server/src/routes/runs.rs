@@ -11,11 +11,14 @@ use recovery_core::canonical::sha256_reader;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, RowReferences};
 use recovery_core::manifest::RunManifest;
 use recovery_core::verdict::{CurrentRun, Mismatch, ResumeVerdict, validate_resume};
-use recovery_sidecar::{RunLock, SidecarPaths};
+use recovery_runs::LockedRun;
+use recovery_sidecar::SidecarPaths;
 use recovery_store::{Cursor, ResumeEvent, RunRecord};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
 use utoipa::{IntoParams, ToSchema};
 
 /// A configuration bundle as a collector sends it (interpolations unresolved).
@@ -92,10 +95,9 @@ fn file_sha256(path: &std::path::Path) -> ApiResult<String> {
         .map_err(|e| ApiError::invalid(format!("source_path: cannot read {}: {e}", path.display())))
 }
 
-/// Moves every existing sidecar of an output aside (never deletes), returning the new names.
-fn move_aside(paths: &SidecarPaths, suffix: &str) -> std::io::Result<Vec<String>> {
-    let mut moved = Vec::new();
-    for path in [
+/// The companions a replacement moves aside (never deletes).
+fn movable(paths: &SidecarPaths) -> [&PathBuf; 11] {
+    [
         &paths.output,
         &paths.failures,
         &paths.materialized,
@@ -107,18 +109,301 @@ fn move_aside(paths: &SidecarPaths, suffix: &str) -> std::io::Result<Vec<String>
         &paths.rerun_masked,
         &paths.resubmit_offset,
         &paths.aggregate_metrics,
-    ] {
-        if path.exists() {
-            let target = std::path::PathBuf::from(format!("{}{suffix}", path.display()));
-            std::fs::rename(path, &target)?;
-            moved.push(target.display().to_string());
+    ]
+}
+
+/// Moves every existing companion aside under one suffix that no existing file carries
+/// (`.replaced-<unix seconds>`, then `-2`, `-3`, ...), so a saved result is never overwritten.
+/// Returns the (from, to) pairs moved; on error, what was moved is moved back.
+fn move_aside(paths: &SidecarPaths, seconds: i64) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
+    let target = |path: &FsPath, suffix: &str| PathBuf::from(format!("{}{suffix}", path.display()));
+    let suffix = (1..)
+        .map(|n| match n {
+            1 => format!(".replaced-{seconds}"),
+            n => format!(".replaced-{seconds}-{n}"),
+        })
+        .find(|suffix| {
+            movable(paths)
+                .iter()
+                .all(|p| std::fs::symlink_metadata(target(p, suffix)).is_err())
+        })
+        .unwrap_or_default();
+    let mut moved = Vec::new();
+    for path in movable(paths).into_iter().filter(|p| p.exists()) {
+        let to = target(path, &suffix);
+        if let Err(e) = std::fs::rename(path, &to) {
+            move_back(&moved);
+            return Err(e);
         }
+        moved.push((path.clone(), to));
     }
     Ok(moved)
 }
 
-fn non_empty(path: &std::path::Path) -> bool {
+/// Undoes [`move_aside`] (best effort: every move that can be undone is).
+fn move_back(moved: &[(PathBuf, PathBuf)]) {
+    for (from, to) in moved.iter().rev() {
+        let _ = std::fs::remove_file(from);
+        let _ = std::fs::rename(to, from);
+    }
+}
+
+fn non_empty(path: &FsPath) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
+}
+
+/// Refuses inventories the planner would refuse later (duplicate or malformed logical ids,
+/// indices that are not integers), naming the row.
+fn check_inventory<'a>(rows: impl IntoIterator<Item = &'a Value>) -> ApiResult<()> {
+    use recovery_core::rows::{ROLLOUT_INDEX_KEY, TASK_INDEX_KEY};
+    let mut seen = std::collections::HashMap::new();
+    for (i, row) in rows.into_iter().enumerate() {
+        if !row.is_object() {
+            return Err(ApiError::invalid(format!(
+                "rows[{i}]: must be a JSON object"
+            )));
+        }
+        for key in [TASK_INDEX_KEY, ROLLOUT_INDEX_KEY] {
+            if row
+                .get(key)
+                .is_some_and(|v| recovery_core::rows::index(Some(v)).is_none())
+            {
+                return Err(ApiError::invalid(format!(
+                    "rows[{i}].{key}: must be an integer"
+                )));
+            }
+        }
+        let id = recovery_core::rows::logical_rollout_id(row)
+            .map_err(|e| ApiError::invalid(format!("rows[{i}]: {e}")))?;
+        if let Some(first) = seen.insert(id.clone(), i) {
+            return Err(ApiError::invalid(format!(
+                "rows[{i}]: logical rollout id {id} repeats rows[{first}]"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn path_refused(why: String) -> ApiError {
+    ApiError::new(ErrorCode::PathRefused, format!("output_path: {why}"))
+}
+
+/// Refuses an output that would share files with the dataset or another run: a directory, the
+/// source itself, a companion of a run beside it, or an output whose companions are another
+/// run's output.
+async fn check_output(state: &AppState, paths: &SidecarPaths, source: &FsPath) -> ApiResult<()> {
+    if paths.output.is_dir() {
+        return Err(path_refused(format!(
+            "{} is a directory",
+            paths.output.display()
+        )));
+    }
+    if paths.output == source {
+        return Err(path_refused("is the source dataset itself".into()));
+    }
+    let name = paths
+        .output
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let directory = paths
+        .output
+        .parent()
+        .map(FsPath::to_owned)
+        .unwrap_or_default();
+    for suffix in recovery_sidecar::paths::COMPANION_SUFFIXES {
+        let Some(stem) = name.strip_suffix(suffix).filter(|s| !s.is_empty()) else {
+            continue;
+        };
+        if directory.join(format!("{stem}_manifest.json")).exists() {
+            return Err(path_refused(format!(
+                "{name} is a companion file of the run at {stem}.*"
+            )));
+        }
+    }
+    for companion in movable(paths).into_iter().filter(|p| **p != paths.output) {
+        let recorded = state
+            .registry
+            .store()
+            .find_run_by_output(&companion.display().to_string())
+            .await?;
+        if SidecarPaths::for_output(companion).manifest.exists() || recorded.is_some() {
+            return Err(path_refused(format!(
+                "its companion {} is another run's output",
+                companion.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// What a create validated before it takes the run's lock (nothing is written before).
+struct PreparedRun {
+    manifest: RunManifest,
+    identity: ConfigurationIdentity,
+    /// The materialized rows to publish, when they were sent.
+    materialized: Option<Vec<u8>>,
+}
+
+/// The rows to publish, their digest and their server references, checked as the planner will.
+fn prepare_rows(
+    rows: Option<&Vec<Value>>,
+    paths: &SidecarPaths,
+) -> ApiResult<(Option<Vec<u8>>, String, RowReferences)> {
+    let rows_invalid = |e: String| ApiError::new(ErrorCode::RowsInvalid, e);
+    if let Some(rows) = rows {
+        check_inventory(rows)?;
+        let mut text = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            text.extend(
+                serde_json::to_vec(row)
+                    .map_err(|e| ApiError::invalid(format!("rows[{i}]: {e}")))?,
+            );
+            text.push(b'\n');
+        }
+        let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
+            .map_err(|e| ApiError::invalid(format!("rows: {e}")))?
+            .sha256;
+        return Ok((Some(text), digest, RowReferences::from_rows(rows)));
+    }
+    if !paths.materialized.is_file() {
+        return Err(ApiError::invalid(format!(
+            "rows: send the materialized rows, or write {} first",
+            paths.materialized.display()
+        )));
+    }
+    let name = paths.materialized.display().to_string();
+    let file = std::fs::File::open(&paths.materialized)
+        .map_err(|e| rows_invalid(format!("{name}: {e}")))?;
+    let (rows, _) =
+        recovery_core::rows::read_jsonl(file, &name).map_err(|e| rows_invalid(e.to_string()))?;
+    let values: Vec<Value> = rows.into_iter().map(|r| r.value).collect();
+    check_inventory(&values)?;
+    let digest = runfiles::digest_rows_file(&paths.materialized).map_err(rows_invalid)?;
+    Ok((None, digest, RowReferences::from_rows(&values)))
+}
+
+fn prepare_run(
+    request: &CreateRunRequest,
+    paths: &SidecarPaths,
+    source: &FsPath,
+    default_cap: u64,
+) -> ApiResult<PreparedRun> {
+    let (materialized, digest, references) = prepare_rows(request.rows.as_ref(), paths)?;
+    let identity = ConfigurationIdentity::compute(ConfigBundle {
+        config: &request.config,
+        global_config: &request.global_config,
+        rows: &references,
+        environment: &request.environment,
+    })
+    .map_err(identity_error)?;
+    let mut manifest = RunManifest::create(
+        recovery_sidecar::new_id(),
+        file_sha256(source)?,
+        digest,
+        identity.config_digest.clone(),
+        Some(request.max_rollout_attempts.unwrap_or(default_cap)),
+    );
+    manifest.retry_terminal_timeouts = request.retry_terminal_timeouts
+        || request
+            .config
+            .get("retry_terminal_timeouts")
+            .and_then(Value::as_bool)
+            == Some(true);
+    Ok(PreparedRun {
+        manifest,
+        identity,
+        materialized,
+    })
+}
+
+/// What the locked part of a create found on disk.
+enum Existing {
+    /// Nothing to keep: started fresh.
+    Fresh,
+    /// A run is there and no replacement was asked for: nothing written.
+    Run,
+    /// Moved aside for a replacement: (from, to).
+    Replaced(Vec<(PathBuf, PathBuf)>),
+}
+
+/// Under the run's lock: refuse a run that exists (unless replacing), move a replaced run aside,
+/// publish the materialized rows and fresh outcome files. Undone on error.
+fn publish_files(
+    paths: &SidecarPaths,
+    prepared: &PreparedRun,
+    replace: bool,
+    seconds: i64,
+) -> ApiResult<Existing> {
+    let exists = paths.manifest.exists();
+    if exists && !replace {
+        return Ok(Existing::Run);
+    }
+    if !exists && !replace && (non_empty(&paths.output) || non_empty(&paths.failures)) {
+        return Err(ApiError::new(
+            ErrorCode::RunExists,
+            format!(
+                "{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently",
+                paths.output.display()
+            ),
+        ));
+    }
+    let moved = if replace {
+        move_aside(paths, seconds).map_err(|e| ApiError::internal("moving the old run aside", e))?
+    } else {
+        Vec::new()
+    };
+    let publish = || -> std::io::Result<()> {
+        if let Some(parent) = paths.output.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let rows = match (
+            &prepared.materialized,
+            moved.iter().find(|(from, _)| *from == paths.materialized),
+        ) {
+            (Some(text), _) => Some(text.clone()),
+            // The replaced run's rows stay the new run's inputs.
+            (None, Some((_, aside))) => Some(std::fs::read(aside)?),
+            (None, None) => None,
+        };
+        if let Some(rows) = rows {
+            recovery_sidecar::atomic_write(&paths.materialized, &rows, None)?;
+        }
+        // A fresh start: stale derived files go, empty outcome files are created.
+        for stale in [
+            &paths.draft_journal,
+            &paths.coverage,
+            &paths.aggregate_metrics,
+        ] {
+            let _ = std::fs::remove_file(stale);
+        }
+        for outcome in [&paths.output, &paths.failures] {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(outcome)?;
+        }
+        Ok(())
+    };
+    match publish() {
+        Ok(()) if moved.is_empty() => Ok(Existing::Fresh),
+        Ok(()) => Ok(Existing::Replaced(moved)),
+        Err(e) => {
+            move_back(&moved);
+            Err(ApiError::internal("publishing the run's files", e))
+        }
+    }
+}
+
+/// Removes what a create published and moves a replaced run back (the previous state stands).
+fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, PathBuf)]) {
+    for path in [&paths.manifest, &paths.identity] {
+        let _ = std::fs::remove_file(path);
+    }
+    if published_rows {
+        let _ = std::fs::remove_file(&paths.materialized);
+    }
+    move_back(moved);
 }
 
 /// Create a run: its manifest, saved identity and (when rows are sent) materialized inputs.
@@ -145,92 +430,22 @@ pub async fn create_run(
     }
     let paths = state
         .registry
-        .paths_for(std::path::Path::new(&request.output_path))?;
+        .paths_for(FsPath::new(&request.output_path))?;
     let source = confined_file(&state, &request.source_path, "source_path")?;
-    let work_state = state.clone();
-    let work_paths = paths.clone();
+    check_output(&state, &paths, &source).await?;
     let default_cap = state.config.default_max_attempts;
-    let (manifest, identity, replaced, suffix) = state
-        .blocking(move || {
-            let (state, paths) = (work_state, work_paths);
-            // Own the run while preparing it: no collector may be writing this output.
-            let _lock = RunLock::for_output(&paths.run_lock, None).map_err(|e| ApiError::new(ErrorCode::RunLocked, e.to_string()))?;
-            let mut replaced = Vec::new();
-            let suffix = format!(".replaced-{}", state.registry.clock().now().unix_timestamp());
-            if paths.manifest.exists() {
-                if !request.replace {
-                    let run_id = RunManifest::from_json_bytes(&std::fs::read(&paths.manifest).unwrap_or_default()).map(|m| m.run_id).ok();
-                    return Err(ApiError::new(ErrorCode::RunExists, format!("{} already has a manifest: resume it with validate, or replace it as an operator", paths.output.display()))
-                        .with_details(serde_json::json!({"run_id": run_id})));
-                }
-                replaced = move_aside(&paths, &suffix).map_err(|e| ApiError::internal("moving the old run aside", e))?;
-            } else if (non_empty(&paths.output) || non_empty(&paths.failures)) && !request.replace {
-                return Err(ApiError::new(ErrorCode::RunExists, format!("{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently", paths.output.display())));
-            }
-            if let Some(parent) = paths.output.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| ApiError::internal("creating the output directory", e))?;
-            }
-            if let Some(rows) = &request.rows {
-                let mut text = Vec::new();
-                for (i, row) in rows.iter().enumerate() {
-                    if !row.is_object() {
-                        return Err(ApiError::invalid(format!("rows[{i}]: must be a JSON object")));
-                    }
-                    text.extend(serde_json::to_vec(row).map_err(|e| ApiError::invalid(format!("rows[{i}]: {e}")))?);
-                    text.push(b'\n');
-                }
-                recovery_sidecar::atomic_write(&paths.materialized, &text, None).map_err(|e| ApiError::internal("writing materialized inputs", e))?;
-            } else if !paths.materialized.is_file() {
-                return Err(ApiError::invalid(format!("rows: send the materialized rows, or write {} first", paths.materialized.display())));
-            }
-            let references = runfiles::row_references(&paths.materialized).map_err(|e| ApiError::new(ErrorCode::RowsInvalid, e))?;
-            let materialized = runfiles::digest_rows_file(&paths.materialized).map_err(|e| ApiError::new(ErrorCode::RowsInvalid, e))?;
-            let source_digest = file_sha256(&source)?;
-            let identity = ConfigurationIdentity::compute(ConfigBundle {
-                config: &request.config,
-                global_config: &request.global_config,
-                rows: &references,
-                environment: &request.environment,
-            })
-            .map_err(identity_error)?;
-            let mut manifest = RunManifest::create(
-                recovery_sidecar::new_id(),
-                source_digest,
-                materialized,
-                identity.config_digest.clone(),
-                Some(request.max_rollout_attempts.unwrap_or(default_cap)),
-            );
-            manifest.retry_terminal_timeouts = request.retry_terminal_timeouts
-                || request.config.get("retry_terminal_timeouts").and_then(Value::as_bool) == Some(true);
-            // A fresh start: stale derived files go, empty outcome files are created.
-            for stale in [&paths.draft_journal, &paths.coverage, &paths.aggregate_metrics] {
-                let _ = std::fs::remove_file(stale);
-            }
-            for outcome in [&paths.output, &paths.failures] {
-                std::fs::OpenOptions::new().create(true).append(true).open(outcome).map_err(|e| ApiError::internal("creating outcome files", e))?;
-            }
-            Ok((manifest, identity, replaced, suffix))
-        })
+    let replace = request.replace;
+    let (work_paths, work_source) = (paths.clone(), source.clone());
+    // Everything that can refuse the request is checked before anything is written.
+    let prepared = state
+        .blocking(move || prepare_run(&request, &work_paths, &work_source, default_cap))
         .await?;
-    if !replaced.is_empty() {
-        state
-            .registry
-            .store()
-            .detach_output(&paths.output.display().to_string(), &suffix)
-            .await?;
-        audit(
-            &state,
-            &caller,
-            "run.replace",
-            Some(&manifest.run_id),
-            serde_json::json!({"moved": replaced}),
-        )
+    let run = state.registry.lock(&paths).await?;
+    let work = state.clone();
+    let (prepared, replaced) = state
+        .detached(async move { create_locked(&work, &caller, &run, prepared, replace).await })
         .await?;
-    }
-    state
-        .registry
-        .write_manifest(&paths, &manifest, Some(&identity.identity))
-        .await?;
+    let (manifest, identity) = (&prepared.manifest, &prepared.identity);
     metrics::counter!("rollout_recovery_runs_created_total").increment(1);
     Ok((
         StatusCode::CREATED,
@@ -245,6 +460,66 @@ pub async fn create_run(
             replaced,
         }),
     ))
+}
+
+/// The locked part of a create: publish the files, then the manifest; on failure the previous
+/// state stands.
+async fn create_locked(
+    state: &AppState,
+    caller: &Caller,
+    run: &LockedRun,
+    prepared: PreparedRun,
+    replace: bool,
+) -> ApiResult<(PreparedRun, Vec<String>)> {
+    let paths = run.paths().clone();
+    let seconds = state.registry.clock().now().unix_timestamp();
+    let prepared = Arc::new(prepared);
+    let (work_paths, work_prepared) = (paths.clone(), prepared.clone());
+    let existing = state
+        .blocking(move || publish_files(&work_paths, &work_prepared, replace, seconds))
+        .await?;
+    let moved = match existing {
+        Existing::Run => {
+            // The files hold a run: adopt it, so the id this answer names resolves.
+            let adopted = state.registry.adopt_locked(run).await?;
+            return Err(ApiError::new(ErrorCode::RunExists, format!("{} already has a manifest: resume it with validate, or replace it as an operator", paths.output.display()))
+                .with_details(serde_json::json!({"run_id": adopted.map(|r| r.run_id)})));
+        }
+        Existing::Fresh => Vec::new(),
+        Existing::Replaced(moved) => moved,
+    };
+    let written = state
+        .registry
+        .write_manifest(run, &prepared.manifest, Some(&prepared.identity.identity))
+        .await;
+    if let Err(e) = written {
+        let published_rows = prepared.materialized.is_some() || !moved.is_empty();
+        let undo = moved.clone();
+        state
+            .blocking(move || {
+                unpublish(&paths, published_rows, &undo);
+                Ok(())
+            })
+            .await?;
+        return Err(e.into());
+    }
+    let replaced: Vec<String> = moved
+        .iter()
+        .map(|(_, to)| to.display().to_string())
+        .collect();
+    if !replaced.is_empty() {
+        audit(
+            state,
+            caller,
+            "run.replace",
+            Some(&prepared.manifest.run_id),
+            serde_json::json!({"moved": replaced}),
+        )
+        .await?;
+    }
+    let prepared = Arc::try_unwrap(prepared)
+        .map_err(|_| ApiError::internal("a run change", "the prepared run is still shared"))?;
+    Ok((prepared, replaced))
 }
 
 pub(crate) async fn audit(
@@ -353,22 +628,30 @@ pub async fn validate(
         current_config_digest: None,
         client: Some(caller.name.clone()),
     };
-    let result = validate_inner(&state, &paths, &request, &mut event).await;
-    if let Err(error) = &result {
-        event.outcome = match error.code {
-            ErrorCode::ResumeRefused => "refused",
-            ErrorCode::NoManifest => "no_manifest",
-            ErrorCode::ManifestUnreadable => "unreadable",
-            ErrorCode::RunLocked => "locked",
-            _ => "invalid",
-        }
-        .into();
-        event.message = error.message.clone();
-    }
-    state.registry.store().insert_resume_event(&event).await?;
-    metrics::counter!("rollout_recovery_validations_total", "outcome" => event.outcome.clone())
-        .increment(1);
-    result.map(Json)
+    let work = state.clone();
+    // Detached: a journal line and its rows are never split by a client that goes away.
+    state
+        .detached(async move {
+            let state = work;
+            let result = validate_inner(&state, &paths, &request, &mut event).await;
+            if let Err(error) = &result {
+                event.outcome = match error.code {
+                    ErrorCode::ResumeRefused => "refused",
+                    ErrorCode::NoManifest => "no_manifest",
+                    ErrorCode::ManifestUnreadable => "unreadable",
+                    ErrorCode::RunLocked => "locked",
+                    _ => "invalid",
+                }
+                .into();
+                event.message = error.message.clone();
+            }
+            state.registry.store().insert_resume_event(&event).await?;
+            metrics::counter!("rollout_recovery_validations_total", "outcome" => event.outcome.clone())
+                .increment(1);
+            result
+        })
+        .await
+        .map(Json)
 }
 
 async fn validate_inner(
@@ -382,6 +665,9 @@ async fn validate_inner(
         .check_lease(&run_id, request.lease_id.as_deref())
         .await?;
     let source = confined_file(state, &request.source_path, "source_path")?;
+    // The verdict is read and acted on inside the run's critical section: a manifest rewrite or
+    // a journal line never races another writer, and is refused while another process owns it.
+    let run = state.registry.lock(paths).await?;
     let (work_paths, work_request) = (paths.clone(), request.clone());
     let (saved, current) = state
         .blocking(move || {
@@ -450,7 +736,7 @@ async fn validate_inner(
         } => {
             let drift = state
                 .registry
-                .record_drift(paths, &manifest, &config_digest, &operational_keys)
+                .record_drift(&run, &manifest, &config_digest, &operational_keys)
                 .await?;
             event.outcome = "resume_with_drift".into();
             event.operational_keys = operational_keys.clone();
@@ -496,10 +782,7 @@ async fn validate_inner(
             message,
             mismatches,
         } => {
-            state
-                .registry
-                .write_manifest(paths, &manifest, None)
-                .await?;
+            state.registry.write_manifest(&run, &manifest, None).await?;
             event.outcome = "overridden".into();
             event.message = message.clone();
             event.reasons = mismatches.iter().map(|m| m.code().to_owned()).collect();
@@ -580,11 +863,18 @@ pub async fn list_runs(
             .confinement()
             .resolve(std::path::Path::new(&output))
             .map_err(|e| ApiError::new(ErrorCode::PathRefused, e.to_string()))?;
-        let run = state
-            .registry
-            .store()
-            .find_run_by_output(&resolved.display().to_string())
-            .await?;
+        // The files are the truth: a run they hold is adopted (a Python collector's fresh start
+        // included); without a manifest, the recorded run is answered.
+        let run = match state.registry.adopt(&resolved).await? {
+            Some(run) => Some(run),
+            None => {
+                state
+                    .registry
+                    .store()
+                    .find_run_by_output(&resolved.display().to_string())
+                    .await?
+            }
+        };
         return Ok(Json(RunList {
             runs: run.into_iter().collect(),
             next_cursor: None,

@@ -35,3 +35,20 @@ pub async fn metrics(State(state): State<AppState>) -> String {
 pub async fn openapi() -> Json<utoipa::openapi::OpenApi> {
     Json(crate::openapi())
 }
+
+/// Bring the database up to date with the files under the roots now (operator): runs written by
+/// Python collectors are adopted, their journal lines indexed, superseded runs marked.
+#[utoipa::path(post, path = "/reindex", tag = "system",
+    responses((status = 200, body = Object, description = "What was found and inserted"),
+        (status = 403, body = crate::error::ApiErrorBody), (status = 401, body = crate::error::ApiErrorBody)))]
+pub async fn reindex(
+    State(state): State<AppState>,
+    caller: crate::config::Caller,
+) -> crate::error::ApiResult<Json<recovery_runs::ReindexReport>> {
+    caller.require(crate::config::Role::Operator)?;
+    let work = state.clone();
+    let report = state
+        .detached(async move { Ok(work.registry.reindex().await?) })
+        .await?;
+    Ok(Json(report))
+}
