@@ -16,8 +16,12 @@ const COLLECTOR: &str = "collector-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
 const SECRET: &str = "sk-live-S3CR3T-value";
 
+#[path = "server/concurrency.rs"]
+mod concurrency;
+
 struct TestApp {
     state: AppState,
+    config: ServerConfig,
     _dir: tempfile::TempDir,
     root: PathBuf,
     clock: Arc<ManualClock>,
@@ -44,7 +48,7 @@ impl TestApp {
         ];
         adjust(&mut config);
         let clock = Arc::new(ManualClock::new(time::OffsetDateTime::now_utc()));
-        let state = recovery_server::start(config, clock.clone())
+        let state = recovery_server::start(config.clone(), clock.clone())
             .await
             .expect("start");
         let root = std::fs::canonicalize(dir.path().join("runs")).expect("root");
@@ -56,6 +60,7 @@ impl TestApp {
         .expect("source");
         Self {
             state,
+            config,
             _dir: dir,
             root,
             clock,
@@ -80,28 +85,7 @@ impl TestApp {
         token: Option<&str>,
         body: Option<String>,
     ) -> Reply {
-        let mut request = Request::builder().method(method).uri(uri);
-        if let Some(token) = token {
-            request = request.header("authorization", format!("Bearer {token}"));
-        }
-        let request = match body {
-            Some(body) => request
-                .header("content-type", "application/json")
-                .body(Body::from(body)),
-            None => request.body(Body::empty()),
-        }
-        .expect("request");
-        let response = recovery_server::app(self.state.clone())
-            .oneshot(request)
-            .await
-            .expect("response");
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .expect("body");
-        let body = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        Reply { status, body }
+        send(self.state.clone(), method, uri, token, body).await
     }
 
     fn output(&self) -> PathBuf {
@@ -149,6 +133,38 @@ impl TestApp {
         )
         .await
     }
+}
+
+/// One request through the router (tasks of concurrent tests call this with a cloned state).
+async fn send(
+    state: AppState,
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<String>,
+) -> Reply {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let request = match body {
+        Some(body) => request
+            .header("content-type", "application/json")
+            .body(Body::from(body)),
+        None => request.body(Body::empty()),
+    }
+    .expect("request");
+    let response = recovery_server::app(state)
+        .oneshot(request)
+        .await
+        .expect("response");
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Reply { status, body }
 }
 
 fn config(temperature: f64) -> Value {

@@ -640,6 +640,7 @@ pub async fn validate(
                     ErrorCode::NoManifest => "no_manifest",
                     ErrorCode::ManifestUnreadable => "unreadable",
                     ErrorCode::RunLocked => "locked",
+                    ErrorCode::RunSuperseded => "superseded",
                     _ => "invalid",
                 }
                 .into();
@@ -668,6 +669,7 @@ async fn validate_inner(
     // The verdict is read and acted on inside the run's critical section: a manifest rewrite or
     // a journal line never races another writer, and is refused while another process owns it.
     let run = state.registry.lock(paths).await?;
+    state.still_owns_output(&run_id, &run).await?;
     let (work_paths, work_request) = (paths.clone(), request.clone());
     let (saved, current) = state
         .blocking(move || {

@@ -1,0 +1,812 @@
+//! One writer per run: concurrent callers, other processes holding the run's `flock`,
+//! replacement, runs the files hold and the database does not, and the form of what is written.
+
+use super::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead as _, BufReader};
+use std::process::{Child, Command, Stdio};
+
+/// A Python process holding a `flock` (as a NeMo Gym collector does) until dropped.
+struct PythonLock(Child);
+
+impl PythonLock {
+    fn hold(path: &Path) -> Self {
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl, sys\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()",
+            ])
+            .arg(path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        BufReader::new(child.stdout.as_mut().expect("stdout"))
+            .read_line(&mut line)
+            .expect("python answers");
+        assert_eq!(line.trim(), "locked", "python took the lock");
+        Self(child)
+    }
+}
+
+impl Drop for PythonLock {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Whether a Python process can take the `flock` now (it releases it at once).
+fn python_can_lock(path: &Path) -> bool {
+    Command::new("python3")
+        .args([
+            "-c",
+            "import fcntl, sys\nf = open(sys.argv[1], 'a')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)",
+        ])
+        .arg(path)
+        .stderr(Stdio::null())
+        .status()
+        .expect("python3")
+        .success()
+}
+
+fn many_rows(count: usize) -> Value {
+    Value::Array(
+        (0..count)
+            .map(|i| json!({"agent_ref": {"name": "math_agent"}, "_ng_task_index": i, "_ng_rollout_index": 0, "question": format!("{i}+1?")}))
+            .collect(),
+    )
+}
+
+fn saved_manifest(app: &TestApp) -> recovery_core::manifest::RunManifest {
+    let bytes = std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+        .expect("manifest");
+    recovery_core::manifest::RunManifest::from_json_bytes(&bytes).expect("readable manifest")
+}
+
+/// Sends every request at once (each on its own task) and answers in request order.
+async fn all_at_once(
+    app: &TestApp,
+    requests: Vec<(Method, String, &'static str, Value)>,
+) -> Vec<Reply> {
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .map(|(method, uri, token, body)| {
+            let state = app.state.clone();
+            tokio::spawn(async move {
+                send(state, method, &uri, Some(token), Some(body.to_string())).await
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for task in tasks {
+        replies.push(task.await.expect("task"));
+    }
+    replies
+}
+
+async fn create_with_rows(app: &TestApp, rows: Value) -> String {
+    let mut body = app.create_body();
+    body["rows"] = rows;
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    reply.body["run_id"].as_str().expect("run id").to_owned()
+}
+
+async fn lease_id(app: &TestApp, run_id: &str) -> String {
+    let lease = app.lease(run_id, "collector-a").await;
+    assert_eq!(lease.status, StatusCode::CREATED, "{}", lease.body);
+    lease.body["lease_id"].as_str().expect("lease").to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reservations_hand_out_each_number_once_and_every_one_reaches_the_manifest() {
+    let app = TestApp::new().await;
+    let run_id = create_with_rows(&app, many_rows(40)).await;
+    let lease = lease_id(&app, &run_id).await;
+    let uri = format!("/runs/{run_id}/attempts/reserve");
+    let same: Vec<_> = (0..10)
+        .map(|_| {
+            (
+                Method::POST,
+                uri.clone(),
+                COLLECTOR,
+                json!({"lease_id": lease, "rollout_ids": ["0-0"]}),
+            )
+        })
+        .collect();
+    let mut numbers: Vec<i64> = all_at_once(&app, same)
+        .await
+        .iter()
+        .map(|r| {
+            assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+            r.body["attempts"]["0-0"].as_i64().expect("number")
+        })
+        .collect();
+    numbers.sort_unstable();
+    assert_eq!(
+        numbers,
+        (0..10).collect::<Vec<i64>>(),
+        "distinct and gapless"
+    );
+    assert_eq!(saved_manifest(&app).next_attempt.get("0-0"), Some(&10));
+
+    let distinct: Vec<_> = (1..40)
+        .map(|i| {
+            (
+                Method::POST,
+                uri.clone(),
+                COLLECTOR,
+                json!({"lease_id": lease, "rollout_ids": [format!("{i}-0")]}),
+            )
+        })
+        .collect();
+    for reply in all_at_once(&app, distinct).await {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    }
+    let manifest = saved_manifest(&app);
+    for i in 1..40 {
+        assert_eq!(
+            manifest.next_attempt.get(&format!("{i}-0")),
+            Some(&1),
+            "rollout {i}-0 reached the manifest"
+        );
+    }
+
+    let refused = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["0-0", "nope-0"]})),
+        )
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        saved_manifest(&app),
+        manifest,
+        "a refused reserve changes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_admissions_of_one_rejudgment_open_it_once() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let line = "{\"_ng_failure_class\":\"judge_failed\",\"n\":1}";
+    std::fs::write(
+        recovery_sidecar::SidecarPaths::for_output(&app.output()).failures,
+        format!("{line}\n"),
+    )
+    .expect("failures");
+    let admit = json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": line});
+    let replies = all_at_once(
+        &app,
+        (0..12)
+            .map(|_| {
+                (
+                    Method::POST,
+                    format!("/runs/{run_id}/rejudgments"),
+                    COLLECTOR,
+                    admit.clone(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let statuses: Vec<StatusCode> = replies.iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::CREATED)
+            .count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == StatusCode::OK).count(),
+        11,
+        "{statuses:?}"
+    );
+    let operations: BTreeSet<&str> = replies
+        .iter()
+        .filter_map(|r| r.body["operation_id"].as_str())
+        .collect();
+    assert_eq!(operations.len(), 1, "one operation: {operations:?}");
+    let open = app
+        .state
+        .registry
+        .store()
+        .list_rejudgments(&run_id)
+        .await
+        .expect("rows");
+    assert_eq!(open.iter().filter(|r| r.closed_at.is_none()).count(), 1);
+    assert_eq!(saved_manifest(&app).pending_rejudge.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_refused_while_a_python_collector_owns_the_run_lock() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let manifest_before = std::fs::read(&paths.manifest).expect("manifest");
+    let python = PythonLock::hold(&paths.run_lock);
+    let mut unsafe_body = app.validate_body(0.9, 8000);
+    unsafe_body["allow_unsafe"] = json!(true);
+    let attempts = [
+        (
+            "an allow_unsafe override",
+            format!("/runs/{run_id}/validate"),
+            COLLECTOR,
+            unsafe_body,
+        ),
+        (
+            "an operational-drift resume",
+            format!("/runs/{run_id}/validate"),
+            COLLECTOR,
+            app.validate_body(0.3, 9999),
+        ),
+        (
+            "an attempt extension",
+            format!("/runs/{run_id}/attempts/extend"),
+            OPERATOR,
+            json!({"extend_attempts": 1, "reason": "outage"}),
+        ),
+    ];
+    for (case, uri, token, body) in attempts {
+        let reply = app.call(Method::POST, &uri, Some(token), Some(body)).await;
+        assert_eq!(reply.status, StatusCode::LOCKED, "{case}: {}", reply.body);
+        assert_eq!(reply.body["code"], "run_locked", "{case}");
+    }
+    let held = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        held.body["locked_outside_service"],
+        json!(true),
+        "{}",
+        held.body
+    );
+    assert_eq!(
+        std::fs::read(&paths.manifest).expect("manifest"),
+        manifest_before,
+        "the manifest is untouched"
+    );
+    assert!(
+        !paths.resume_drift.exists() && !paths.attempt_extension.exists(),
+        "no journal line"
+    );
+    drop(python);
+    let resumed = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 9999)),
+        )
+        .await;
+    assert_eq!(
+        resumed.body["outcome"], "resume_with_drift",
+        "{}",
+        resumed.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replacements_in_one_second_keep_every_saved_result_and_a_manifest() {
+    let app = TestApp::new().await;
+    let first = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::write(&paths.output, "{\"saved\": \"first run\"}\n").expect("results");
+    let mut body = app.create_body();
+    body["replace"] = json!(true);
+    let replies = all_at_once(
+        &app,
+        vec![
+            (Method::POST, "/runs".into(), OPERATOR, body.clone()),
+            (Method::POST, "/runs".into(), OPERATOR, body),
+        ],
+    )
+    .await;
+    let mut moved = BTreeSet::new();
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        for name in reply.body["replaced"].as_array().expect("replaced") {
+            assert!(
+                moved.insert(name.as_str().expect("name").to_owned()),
+                "{name} was moved to twice"
+            );
+        }
+    }
+    let saved: Vec<String> = moved
+        .iter()
+        .filter(|name| name.contains("out.jsonl.replaced-"))
+        .map(|name| std::fs::read_to_string(name).expect("moved result"))
+        .collect();
+    assert!(
+        saved.iter().any(|text| text.contains("first run")),
+        "the first run's result survives: {saved:?}"
+    );
+    let current = saved_manifest(&app).run_id;
+    let ids: BTreeSet<String> = replies
+        .iter()
+        .map(|r| r.body["run_id"].as_str().expect("id").to_owned())
+        .collect();
+    assert!(
+        ids.contains(&current),
+        "the manifest on disk is one of the answered runs"
+    );
+    let lookup = app
+        .call(
+            Method::GET,
+            &format!("/runs?output_path={}", app.output().display()),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        lookup.body["runs"][0]["run_id"].as_str(),
+        Some(current.as_str()),
+        "{}",
+        lookup.body
+    );
+    for old in ids.iter().filter(|id| **id != current).chain([&first]) {
+        let reply = app
+            .call(Method::GET, &format!("/runs/{old}"), Some(VIEWER), None)
+            .await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
+        assert_eq!(reply.body["code"], "run_superseded");
+    }
+}
+
+#[tokio::test]
+async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_starts_again() {
+    let app = TestApp::new().await;
+    let first = app.create().await;
+    // The output directory is deleted and recreated, then a run is created there again.
+    std::fs::remove_dir_all(app.output().parent().expect("dir")).expect("delete");
+    let second = app.create().await;
+    let old = app
+        .call(Method::GET, &format!("/runs/{first}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(old.status, StatusCode::CONFLICT, "{}", old.body);
+    assert_eq!(
+        old.body["details"]["superseded_by"].as_str(),
+        Some(second.as_str())
+    );
+    // A Python collector starts fresh on the same output: a new manifest with a new run id.
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let mut python = saved_manifest(&app);
+    python.run_id = recovery_sidecar::new_id();
+    std::fs::write(&paths.manifest, python.to_pretty_json().expect("json"))
+        .expect("python manifest");
+    let lookup = app
+        .call(
+            Method::GET,
+            &format!("/runs?output_path={}", app.output().display()),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        lookup.body["runs"][0]["run_id"].as_str(),
+        Some(python.run_id.as_str()),
+        "{}",
+        lookup.body
+    );
+    let validate = app
+        .call(
+            Method::POST,
+            &format!("/runs/{second}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(
+        validate.body["code"], "run_superseded",
+        "never `reuse` for another run's manifest: {}",
+        validate.body
+    );
+    // Without a lookup first: another fresh start, then the old id is used directly.
+    let mut again = python.clone();
+    again.run_id = recovery_sidecar::new_id();
+    std::fs::write(&paths.manifest, again.to_pretty_json().expect("json"))
+        .expect("python manifest");
+    for (uri, body) in [
+        (
+            format!("/runs/{}/validate", python.run_id),
+            app.validate_body(0.3, 8000),
+        ),
+        (
+            format!("/runs/{}/attempts/extend", python.run_id),
+            json!({"extend_attempts": 1, "reason": "outage"}),
+        ),
+    ] {
+        let reply = app
+            .call(Method::POST, &uri, Some(OPERATOR), Some(body))
+            .await;
+        assert_eq!(
+            reply.body["code"], "run_superseded",
+            "{uri}: {}",
+            reply.body
+        );
+        assert_eq!(
+            reply.body["details"]["superseded_by"].as_str(),
+            Some(again.run_id.as_str())
+        );
+    }
+    let restarted = recovery_server::start(app.config.clone(), app.clock.clone()).await;
+    assert!(
+        restarted.is_ok(),
+        "the service starts again: {:?}",
+        restarted.err()
+    );
+}
+
+#[tokio::test]
+async fn a_run_written_by_a_python_collector_resolves_at_once() {
+    let app = TestApp::new().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::create_dir_all(app.output().parent().expect("dir")).expect("dir");
+    std::fs::write(
+        &paths.materialized,
+        "{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0}\n",
+    )
+    .expect("rows");
+    let manifest = recovery_core::manifest::RunManifest::create(
+        recovery_sidecar::new_id(),
+        "s",
+        "m",
+        "c",
+        Some(3),
+    );
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let mut body = app.create_body();
+    body.as_object_mut().expect("object").remove("rows");
+    let exists = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(exists.status, StatusCode::CONFLICT, "{}", exists.body);
+    assert_eq!(
+        exists.body["details"]["run_id"].as_str(),
+        Some(manifest.run_id.as_str())
+    );
+    let run = app
+        .call(
+            Method::GET,
+            &format!("/runs/{}", manifest.run_id),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        run.status,
+        StatusCode::OK,
+        "the id the service answered resolves: {}",
+        run.body
+    );
+}
+
+#[tokio::test]
+async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_nothing() {
+    let app = TestApp::new().await;
+    let beside = app.root.join("exp/a.jsonl");
+    let mut taken = app.create_body();
+    taken["output_path"] = json!(beside);
+    assert_eq!(
+        app.call(Method::POST, "/runs", Some(COLLECTOR), Some(taken))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let mut companion_first = app.create_body();
+    companion_first["output_path"] = json!(app.root.join("other/c_failures.jsonl"));
+    assert_eq!(
+        app.call(
+            Method::POST,
+            "/runs",
+            Some(COLLECTOR),
+            Some(companion_first)
+        )
+        .await
+        .status,
+        StatusCode::CREATED
+    );
+    std::fs::create_dir_all(app.root.join("exp/dir.jsonl")).expect("dir");
+    let row = |extra: Value| {
+        let mut row = json!({"agent_ref": {"name": "math_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0});
+        for (k, v) in extra.as_object().expect("object") {
+            row[k] = v.clone();
+        }
+        row
+    };
+    let cases: Vec<(&str, Value, Value, &str)> = vec![
+        (
+            "duplicate logical ids",
+            json!(app.output()),
+            json!([row(json!({})), row(json!({}))]),
+            "repeats",
+        ),
+        (
+            "a non-integer index",
+            json!(app.output()),
+            json!([row(json!({"_ng_task_index": "1"}))]),
+            "_ng_task_index",
+        ),
+        (
+            "a rollout id outside the grammar",
+            json!(app.output()),
+            json!([row(json!({"_ng_rollout_id": "../bad"}))]),
+            "rows[0]",
+        ),
+        (
+            "no index and no id",
+            json!(app.output()),
+            json!([{"question": "?"}]),
+            "rows[0]",
+        ),
+        (
+            "the source dataset as output",
+            json!(app.source()),
+            rows(),
+            "source dataset",
+        ),
+        (
+            "a directory as output",
+            json!(app.root.join("exp/dir.jsonl")),
+            rows(),
+            "directory",
+        ),
+        (
+            "another run's companion as output",
+            json!(app.root.join("exp/a_failures.jsonl")),
+            rows(),
+            "companion",
+        ),
+        (
+            "an output whose companion is another run's output",
+            json!(app.root.join("other/c.jsonl")),
+            rows(),
+            "companion",
+        ),
+    ];
+    let before = files_under(&app.root);
+    for (case, output, rows, named) in cases {
+        let mut body = app.create_body();
+        body["output_path"] = output;
+        body["rows"] = rows;
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(reply.status.as_u16() / 100, 4, "{case}: {}", reply.body);
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(named)),
+            "{case}: {}",
+            reply.body
+        );
+        assert_eq!(
+            files_under(&app.root),
+            before,
+            "{case}: nothing is written, no lock file either"
+        );
+    }
+    let mut without_rows = app.create_body();
+    without_rows.as_object_mut().expect("object").remove("rows");
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(without_rows))
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "no leftover rows are used silently: {}",
+        reply.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_drift_validations_leave_one_journal_line_and_one_row_each() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let requests = (0..64)
+        .map(|i| {
+            (
+                Method::POST,
+                format!("/runs/{run_id}/validate"),
+                COLLECTOR,
+                app.validate_body(0.3, 9000 + i),
+            )
+        })
+        .collect();
+    let mut answered = BTreeSet::new();
+    for reply in all_at_once(&app, requests).await {
+        assert_eq!(reply.body["outcome"], "resume_with_drift", "{}", reply.body);
+        answered.insert(
+            reply.body["drift_event_id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let journal: BTreeSet<String> = recovery_sidecar::read_lines_at(&paths.resume_drift)
+        .expect("journal")
+        .iter()
+        .map(|(offset, line)| {
+            recovery_runs::events::line_id(
+                &run_id,
+                recovery_runs::events::DRIFT_JOURNAL,
+                *offset,
+                line,
+            )
+        })
+        .collect();
+    let rows = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/drift?limit=1000"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let stored: BTreeSet<String> = rows.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| e["event_id"].as_str().expect("id").to_owned())
+        .collect();
+    assert_eq!(answered.len(), 64);
+    assert_eq!(
+        journal, answered,
+        "every answered event has its journal line"
+    );
+    assert_eq!(stored, answered, "and its row");
+}
+
+#[tokio::test]
+async fn an_expired_lease_frees_the_run_lock_the_moment_it_is_reported() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    lease_id(&app, &run_id).await;
+    let lock = recovery_sidecar::SidecarPaths::for_output(&app.output()).run_lock;
+    assert!(!python_can_lock(&lock), "a live lease holds the flock");
+    app.clock.advance(time::Duration::seconds(61));
+    let reported = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(reported.body["holder"], Value::Null, "{}", reported.body);
+    assert!(
+        python_can_lock(&lock),
+        "a collector that checked is not refused"
+    );
+}
+
+#[tokio::test]
+async fn journal_lines_written_by_python_collectors_are_indexed_on_demand() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let manifest = saved_manifest(&app);
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let script = "import json, sys\nrun_id, digest, drift, extension = sys.argv[1:]\nwith open(drift, 'a') as f:\n    f.write(json.dumps({'at': '2026-11-29T10:00:00.000000Z', 'run_id': run_id, 'saved_config_digest': digest, 'current_config_digest': 'c' * 64, 'operational_keys': ['collection.timeout_s']}) + '\\n')\nwith open(extension, 'a') as f:\n    f.write(json.dumps({'at': '2026-11-29T10:00:01Z', 'extend_attempts': 2, 'by': 'ops', 'reason': 'outage'}) + '\\n')\n";
+    let status = Command::new("python3")
+        .args(["-c", script, &run_id, &manifest.config_digest])
+        .arg(&paths.resume_drift)
+        .arg(&paths.attempt_extension)
+        .status()
+        .expect("python3");
+    assert!(status.success());
+    for round in 0..2 {
+        let report = app
+            .call(Method::POST, "/reindex", Some(OPERATOR), Some(json!({})))
+            .await;
+        assert_eq!(report.status, StatusCode::OK, "{}", report.body);
+        assert!(
+            report.body["unreadable"]
+                .as_array()
+                .is_some_and(Vec::is_empty),
+            "{}",
+            report.body
+        );
+        let drift = app
+            .call(
+                Method::GET,
+                "/drift?key=collection.timeout_s",
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_eq!(
+            drift.body["events"].as_array().map(Vec::len),
+            Some(1),
+            "round {round}: {}",
+            drift.body
+        );
+        let extensions = app
+            .state
+            .registry
+            .store()
+            .list_extensions(&run_id)
+            .await
+            .expect("rows");
+        assert_eq!(extensions.len(), 1, "round {round}");
+    }
+    let viewer = app
+        .call(Method::POST, "/reindex", Some(VIEWER), Some(json!({})))
+        .await;
+    assert_eq!(viewer.status, StatusCode::FORBIDDEN);
+}
+
+/// The fields of a manifest before 0.5.0 (facts §3).
+const PRE_05_FIELDS: [&str; 9] = [
+    "schema_version",
+    "selection_policy",
+    "next_attempt",
+    "run_id",
+    "source_digest",
+    "materialized_digest",
+    "config_digest",
+    "legacy_import",
+    "identity_overridden",
+];
+
+#[tokio::test]
+async fn a_pre_0_5_manifest_keeps_its_form_when_the_service_reserves_on_it() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let mut old: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
+    old.retain(|key, _| PRE_05_FIELDS.contains(&key.as_str()));
+    std::fs::write(
+        &paths.manifest,
+        serde_json::to_vec_pretty(&old).expect("json"),
+    )
+    .expect("pre-0.5 manifest");
+    let lease = lease_id(&app, &run_id).await;
+    let reserved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["0-0"]})),
+        )
+        .await;
+    assert_eq!(reserved.status, StatusCode::OK, "{}", reserved.body);
+    let written: BTreeMap<String, Value> =
+        serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
+    assert_eq!(
+        written.keys().map(String::as_str).collect::<BTreeSet<_>>(),
+        PRE_05_FIELDS.into_iter().collect()
+    );
+    assert_eq!(written["next_attempt"], json!({"0-0": 1}));
+    // A pre-0.5 reader (pydantic, extra="forbid") still reads its own run.
+    let script = "import sys\nfrom pydantic import BaseModel, ConfigDict\nfrom typing import Literal\nclass RunManifest(BaseModel):\n    model_config = ConfigDict(extra='forbid')\n    schema_version: Literal[2] = 2\n    selection_policy: Literal['latest_allocated'] = 'latest_allocated'\n    next_attempt: dict[str, int] = {}\n    run_id: str\n    source_digest: str\n    materialized_digest: str\n    config_digest: str\n    legacy_import: bool = False\n    identity_overridden: bool = False\nRunManifest.model_validate_json(open(sys.argv[1]).read())\n";
+    let read = Command::new("python3")
+        .args(["-c", script])
+        .arg(&paths.manifest)
+        .status()
+        .expect("python3");
+    assert!(
+        read.success(),
+        "the pre-0.5 model reads the rewritten manifest"
+    );
+}
