@@ -1,21 +1,30 @@
-//! Runs as the service keeps them: every event is written to its sidecar (fsync) first and to the
-//! database second; sidecar lines carry ids, so [`Registry::reindex`] (also run at start-up)
-//! brings the database up to date idempotently after a crash between the two writes. Leases are
-//! the database's record of who holds a run, backed by the run's `flock` held by this process.
+//! Runs as the service keeps them: every change to a run happens inside its critical section
+//! ([`LockedRun`]); every event is written to its sidecar (fsync) first and to the database
+//! second; each line's id derives from the line, so [`Registry::reindex`] (also run at start-up
+//! and on demand) brings the database up to date idempotently after a crash between the two
+//! writes, also with lines Python collectors wrote. Leases are the database's record of who holds
+//! a run, backed by the run's `flock` held by this process.
 //!
 //! - [`events`]: the sidecar lines (drift journal, approvals, attempt extensions, resubmits).
 //! - [`registry`]: recording events, manifests and identities; reindex.
 //! - [`leases`]: acquire, heartbeat, release, expiry sweep and operator takeover.
+//! - [`operations`]: the run-level operations (create, validate, reserve, re-judgments,
+//!   approvals, extend, resubmit, replace), each over a locked run.
+//! - [`runfiles`]: reading a run's files into the core's inputs.
 //! - [`runlock`]: the per-run critical section ([`LockedRun`]) every mutation happens in.
 
 pub mod clock;
 pub mod events;
 pub mod leases;
+pub mod operations;
 pub mod registry;
+pub mod runfiles;
 pub mod runlock;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use events::{ApprovalLine, DriftLine, ExtensionLine};
 pub use leases::{LeaseError, LeaseRequest, Leases};
+pub use operations::OpError;
 pub use registry::{Registry, RegistryError, ReindexReport};
+pub use runfiles::RunFilesError;
 pub use runlock::{LocalRunLocks, LockedRun, RunLockError, RunLocks};

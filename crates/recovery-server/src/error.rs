@@ -145,6 +145,17 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl ApiError {
+    /// A run whose output another run owns now.
+    pub fn superseded(run_id: &str, by: &str) -> Self {
+        Self::new(
+            ErrorCode::RunSuperseded,
+            format!("run {run_id} was superseded by run {by}, which owns its output now"),
+        )
+        .with_details(serde_json::json!({"superseded_by": by}))
+    }
+}
+
 impl From<recovery_store::StoreError> for ApiError {
     fn from(error: recovery_store::StoreError) -> Self {
         Self::internal("the database", error)
@@ -159,6 +170,63 @@ impl From<recovery_runs::RegistryError> for ApiError {
             }
             recovery_runs::RegistryError::Lock(e) => e.into(),
             other => Self::internal("recording the run", other),
+        }
+    }
+}
+
+impl From<recovery_runs::RunFilesError> for ApiError {
+    fn from(error: recovery_runs::RunFilesError) -> Self {
+        use recovery_runs::RunFilesError;
+        match error {
+            RunFilesError::NoManifest(m) => Self::new(ErrorCode::NoManifest, m),
+            RunFilesError::ManifestUnreadable(m) => Self::new(ErrorCode::ManifestUnreadable, m),
+            RunFilesError::RowsInvalid(m) => Self::new(ErrorCode::RowsInvalid, m),
+            io @ RunFilesError::Io { .. } => Self::internal("reading the run's files", io),
+        }
+    }
+}
+
+/// The semantic keys and mismatch codes of a refused resume.
+pub fn mismatch_details(mismatches: &[recovery_core::verdict::Mismatch]) -> serde_json::Value {
+    use recovery_core::verdict::Mismatch;
+    let semantic: Vec<serde_json::Value> = mismatches
+        .iter()
+        .filter_map(|m| match m {
+            Mismatch::SemanticConfiguration(keys) => Some(keys),
+            _ => None,
+        })
+        .flatten()
+        .map(|k| serde_json::json!({"key": k.key, "reason": format!("{:?}", k.class)}))
+        .collect();
+    serde_json::json!({"mismatches": mismatches.iter().map(Mismatch::code).collect::<Vec<_>>(), "semantic_keys": semantic})
+}
+
+impl From<recovery_runs::OpError> for ApiError {
+    fn from(error: recovery_runs::OpError) -> Self {
+        use recovery_runs::OpError;
+        match error {
+            OpError::Invalid(m) => Self::invalid(m),
+            OpError::NotFound(m) => Self::not_found(m),
+            OpError::NotEligible { message, details } => {
+                Self::new(ErrorCode::NotEligible, message).with_details(details)
+            }
+            OpError::Conflict(m) => Self::new(ErrorCode::Conflict, m),
+            OpError::LeaseNotHeld(m) => Self::new(ErrorCode::LeaseNotHeld, m),
+            OpError::RunExists { message, run_id } => Self::new(ErrorCode::RunExists, message)
+                .with_details(serde_json::json!({"run_id": run_id})),
+            OpError::Superseded { run_id, by } => Self::superseded(&run_id, &by),
+            OpError::PathRefused(m) => Self::new(ErrorCode::PathRefused, m),
+            OpError::Identity(e) => Self::new(ErrorCode::IdentityError, e.to_string())
+                .with_details(serde_json::json!({"kind": e.kind()})),
+            OpError::ResumeRefused {
+                message,
+                mismatches,
+            } => Self::new(ErrorCode::ResumeRefused, message)
+                .with_details(mismatch_details(&mismatches)),
+            OpError::Files(e) => e.into(),
+            OpError::Registry(e) => e.into(),
+            OpError::Store(e) => e.into(),
+            join @ OpError::Join(_) => Self::internal("a run operation", join),
         }
     }
 }

@@ -9,7 +9,6 @@
 pub mod config;
 pub mod error;
 pub mod routes;
-pub mod runfiles;
 pub mod state;
 
 use axum::Router;

@@ -56,39 +56,13 @@ impl AppState {
         Ok((run, paths))
     }
 
-    /// A run's record, its paths, and its critical section (see `recovery_runs::runlock`).
+    /// A run's record and its critical section (see `recovery_runs::runlock`), refused when the
+    /// files show its output belongs to another run now.
     pub async fn locked_run(&self, run_id: &str) -> ApiResult<(RunRecord, LockedRun)> {
         let (run, paths) = self.run(run_id).await?;
         let locked = self.registry.lock(&paths).await?;
-        self.still_owns_output(run_id, &locked).await?;
+        self.registry.check_owner(&locked, run_id).await?;
         Ok((run, locked))
-    }
-
-    /// Refuses a run whose output the files show to belong to another run now (a Python
-    /// collector's fresh start, a recreated directory): that run is adopted, this one is answered
-    /// `run_superseded`, never acted on with another run's manifest.
-    pub async fn still_owns_output(&self, run_id: &str, locked: &LockedRun) -> ApiResult<()> {
-        let manifest = locked.paths().manifest.clone();
-        let on_disk = self
-            .blocking(move || {
-                Ok(std::fs::read(&manifest).ok().and_then(|bytes| {
-                    recovery_core::manifest::RunManifest::from_json_bytes(&bytes)
-                        .ok()
-                        .map(|m| m.run_id)
-                }))
-            })
-            .await?;
-        match on_disk {
-            Some(owner) if owner != run_id => {
-                self.registry.adopt_locked(locked).await?;
-                Err(ApiError::new(
-                    ErrorCode::RunSuperseded,
-                    format!("run {run_id} was superseded by run {owner}, whose manifest is at its output now"),
-                )
-                .with_details(serde_json::json!({"superseded_by": owner})))
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Runs a change to completion even when the client goes away: the journal line, the

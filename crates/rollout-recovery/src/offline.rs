@@ -8,7 +8,7 @@ use recovery_core::failure::ClassificationPolicy;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, RowReferences};
 use recovery_core::plan::PlanState;
 use recovery_core::verdict::{CurrentRun, ResumeVerdict, validate_resume};
-use recovery_server::runfiles;
+use recovery_runs::runfiles;
 use recovery_sidecar::SidecarPaths;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -210,7 +210,7 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
     let output = std::fs::canonicalize(&args.output).unwrap_or(args.output.clone());
     let paths = SidecarPaths::for_output(&output);
     let (_, plan) = runfiles::build_plan(&paths, args.default_max_attempts)
-        .map_err(|e| anyhow::anyhow!("{}", e.message))?;
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     println!(
         "{}",
         serde_json::to_string_pretty(&json!({"plan": plan, "state_counts": plan.state_counts()}))?

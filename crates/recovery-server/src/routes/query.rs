@@ -1,13 +1,13 @@
 //! Read models for dashboards and tools: drift history, classification, the resume plan.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiQuery, ApiResult, ErrorCode};
-use crate::runfiles;
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiQuery, ApiResult};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
 use recovery_core::failure::ClassificationPolicy;
 use recovery_core::plan::{RowDecision, classify_row};
+use recovery_runs::runfiles;
 use recovery_store::{Cursor, DriftEvent, DriftFilter};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -197,7 +197,7 @@ pub async fn plan(
     let (_, paths) = state.run(&run_id).await?;
     let cap = state.config.default_max_attempts;
     let (_, plan) = state
-        .blocking(move || runfiles::build_plan(&paths, cap))
+        .blocking(move || Ok(runfiles::build_plan(&paths, cap)?))
         .await?;
     Ok(Json(PlanResponse {
         run_id: plan.run_id.clone(),
@@ -211,8 +211,4 @@ pub async fn plan(
         state_counts: serde_json::to_value(plan.state_counts())
             .map_err(|e| ApiError::internal("serialising the plan", e))?,
     }))
-}
-
-pub(crate) fn not_eligible(message: String, details: Value) -> ApiError {
-    ApiError::new(ErrorCode::NotEligible, message).with_details(details)
 }

@@ -1,7 +1,25 @@
 //! Reading a run's sidecar files into the core's inputs (blocking file work: callers run it on the
 //! blocking pool). Nothing here writes.
 
-use crate::error::{ApiError, ErrorCode};
+/// Why a run's files cannot be read into a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum RunFilesError {
+    /// The run has no manifest.
+    #[error("{0}")]
+    NoManifest(String),
+    /// The manifest or the materialized inputs cannot be read.
+    #[error("{0}")]
+    ManifestUnreadable(String),
+    /// Saved rows or journals cannot be planned (a malformed line, an inconsistent record).
+    #[error("{0}")]
+    RowsInvalid(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
 use recovery_core::failure::ClassificationPolicy;
 use recovery_core::identity::RowReferences;
 use recovery_core::journals;
@@ -67,16 +85,16 @@ pub fn read_saved_run(paths: &SidecarPaths) -> SavedRun {
 
 /// The run's saved classification policy, or the shared defaults for a standalone output; a
 /// malformed saved policy is an error, never replaced by defaults.
-pub fn classification_policy(paths: &SidecarPaths) -> Result<ClassificationPolicy, ApiError> {
+pub fn classification_policy(paths: &SidecarPaths) -> Result<ClassificationPolicy, RunFilesError> {
     match std::fs::read(&paths.classification_policy) {
         Ok(bytes) => ClassificationPolicy::from_json(&bytes).map_err(|e| {
-            ApiError::new(
-                ErrorCode::RowsInvalid,
-                format!("{}: {e}", paths.classification_policy.display()),
-            )
+            RunFilesError::RowsInvalid(format!("{}: {e}", paths.classification_policy.display()))
         }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ClassificationPolicy::default()),
-        Err(e) => Err(ApiError::internal("reading the classification policy", e)),
+        Err(source) => Err(RunFilesError::Io {
+            context: format!("reading {}", paths.classification_policy.display()),
+            source,
+        }),
     }
 }
 
@@ -85,8 +103,8 @@ pub type BudgetInputs = (u64, u64, BTreeSet<journals::ApprovalTriple>);
 
 /// Budget inputs of a run: the extension (an unreadable record stops, never guesses a cap), the
 /// resubmit offset and the approvals (unreadable lines approve nothing).
-pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, ApiError> {
-    let invalid = |e: journals::JournalError| ApiError::new(ErrorCode::RowsInvalid, e.to_string());
+pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, RunFilesError> {
+    let invalid = |e: journals::JournalError| RunFilesError::RowsInvalid(e.to_string());
     let extension = match File::open(&paths.attempt_extension) {
         Ok(file) => {
             journals::attempt_extension(file, &paths.attempt_extension.display().to_string())
@@ -109,33 +127,27 @@ pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, ApiError> {
 pub fn build_plan(
     paths: &SidecarPaths,
     default_cap: u64,
-) -> Result<(RunManifest, ResumePlan), ApiError> {
+) -> Result<(RunManifest, ResumePlan), RunFilesError> {
     let manifest = match read_manifest(&paths.manifest) {
         SavedManifest::Read(m) => *m,
         SavedManifest::Missing => {
-            return Err(ApiError::new(
-                ErrorCode::NoManifest,
-                format!("{} is missing", paths.manifest.display()),
-            ));
+            return Err(RunFilesError::NoManifest(format!(
+                "{} is missing",
+                paths.manifest.display()
+            )));
         }
         SavedManifest::Unreadable(reason) => {
-            return Err(ApiError::new(
-                ErrorCode::ManifestUnreadable,
-                format!(
-                    "Cannot read recovery manifest {}: {reason}",
-                    paths.manifest.display()
-                ),
-            ));
+            return Err(RunFilesError::ManifestUnreadable(format!(
+                "Cannot read recovery manifest {}: {reason}",
+                paths.manifest.display()
+            )));
         }
     };
     let policy = classification_policy(paths)?;
     let (extension, offset, approvals) = budget_inputs(paths)?;
-    let rows_invalid = |e: JsonlError| ApiError::new(ErrorCode::RowsInvalid, e.to_string());
+    let rows_invalid = |e: JsonlError| RunFilesError::RowsInvalid(e.to_string());
     let inventory_file = File::open(&paths.materialized).map_err(|e| {
-        ApiError::new(
-            ErrorCode::ManifestUnreadable,
-            format!("{}: {e}", paths.materialized.display()),
-        )
+        RunFilesError::ManifestUnreadable(format!("{}: {e}", paths.materialized.display()))
     })?;
     let (inventory, _) = read_jsonl(inventory_file, &paths.materialized.display().to_string())
         .map_err(rows_invalid)?;
@@ -147,7 +159,7 @@ pub fn build_plan(
             resubmit_offset: offset,
         },
     )
-    .map_err(|e| ApiError::new(ErrorCode::RowsInvalid, e.to_string()))?;
+    .map_err(|e| RunFilesError::RowsInvalid(e.to_string()))?;
     for (artifact, path) in [
         (Artifact::Failures, &paths.failures),
         (Artifact::Results, &paths.output),
@@ -158,9 +170,9 @@ pub fn build_plan(
         })
         .map_err(|e| match e {
             JsonlError::Handler(e) => {
-                ApiError::new(ErrorCode::RowsInvalid, format!("{}: {e}", path.display()))
+                RunFilesError::RowsInvalid(format!("{}: {e}", path.display()))
             }
-            other => ApiError::new(ErrorCode::RowsInvalid, other.to_string()),
+            other => RunFilesError::RowsInvalid(other.to_string()),
         })?;
     }
     let plan = index.plan(

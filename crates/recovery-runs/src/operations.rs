@@ -1,0 +1,1101 @@
+//! The run-level operations: create, validate a resume, reserve, admit and close re-judgments,
+//! approve and revoke masked reruns, extend, resubmit, replace. Each change runs over a
+//! [`LockedRun`] (so it cannot be called without the run's critical section); front ends (the
+//! HTTP service, the CLI) only parse, authorize, lock, call one of these and map the result.
+//!
+//! Invariants: an operation decides from what it reads inside the section and writes nothing
+//! until every check has passed, so a refused operation changes nothing; files are written
+//! before rows (the files are the truth; reindex replays them); a run whose output the files
+//! show to belong to another run is never acted on ([`Registry::check_owner`]).
+
+use crate::registry::{Registry, RegistryError, unix_to_text};
+use crate::runfiles::{self, RunFilesError};
+use crate::runlock::LockedRun;
+use recovery_core::canonical::sha256_reader;
+use recovery_core::drift::DriftPolicy;
+use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences};
+use recovery_core::manifest::{PendingRejudge, RunManifest};
+use recovery_core::plan::{PlanEntry, PlanState};
+use recovery_core::verdict::{CurrentRun, Mismatch, ResumeVerdict, validate_resume};
+use recovery_sidecar::SidecarPaths;
+use recovery_store::{Approval, AttemptExtension, AuditEntry, Rejudgment, Resubmit, StoreError};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+/// Why an operation was refused or failed. Each variant is one stable API error code.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    /// A request field is malformed; the message names it.
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{message}")]
+    NotEligible { message: String, details: Value },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    LeaseNotHeld(String),
+    #[error("{message}")]
+    RunExists {
+        message: String,
+        run_id: Option<String>,
+    },
+    #[error("run {run_id} was superseded by run {by}, whose manifest is at its output now")]
+    Superseded { run_id: String, by: String },
+    #[error("{0}")]
+    PathRefused(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error("{message}")]
+    ResumeRefused {
+        message: String,
+        mismatches: Vec<Mismatch>,
+    },
+    #[error(transparent)]
+    Files(#[from] RunFilesError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("background file work failed: {0}")]
+    Join(String),
+}
+
+/// Runs blocking file work off the async executor.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, OpError> + Send + 'static,
+) -> Result<T, OpError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| OpError::Join(e.to_string()))?
+}
+
+fn io_failure(context: &str, source: std::io::Error) -> OpError {
+    OpError::Files(RunFilesError::Io {
+        context: context.to_owned(),
+        source,
+    })
+}
+
+/// The logical rollout id grammar (facts §1: `_ng_rollout_id`), which attempt keys build on.
+static ROLLOUT_ID: LazyLock<regex::Regex> =
+    LazyLock::new(|| regex::Regex::new("^[A-Za-z0-9][A-Za-z0-9._-]*$").expect("static regex"));
+
+/// A judge-only re-judgment to admit.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    pub rollout_id: String,
+    pub attempt: u64,
+    pub predecessor_failure_id: String,
+    /// The predecessor failure line exactly as saved (without its newline).
+    pub predecessor_line: String,
+}
+
+/// Whether an admission opened a re-judgment or found it open for the same predecessor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    Opened,
+    AlreadyOpen,
+}
+
+/// A collector's resume request, its paths already confined.
+#[derive(Debug, Clone)]
+pub struct ResumeRequest {
+    pub config: Value,
+    pub global_config: Value,
+    pub environment: BTreeMap<String, String>,
+    pub source: PathBuf,
+    /// The rows materialized now; `None` takes the saved ones as current.
+    pub rows: Option<Vec<Value>>,
+    pub allow_unsafe: bool,
+}
+
+/// What a resume validation decided (refusals are [`OpError::ResumeRefused`] and friends).
+#[derive(Debug, Clone)]
+pub struct Resumed {
+    /// `reuse`, `resume_with_drift`, `overridden` or `import_legacy`.
+    pub outcome: &'static str,
+    pub message: Option<String>,
+    pub operational_keys: Vec<String>,
+    pub drift_event_id: Option<String>,
+    /// Mismatch codes an override accepted.
+    pub reasons: Vec<String>,
+    pub manifest: Option<Value>,
+}
+
+/// The current configuration digest a validation computed (also on refusal, for the record).
+#[derive(Debug, Clone, Default)]
+pub struct ResumeDigest(pub Option<String>);
+
+/// A run to create: what the collector sent, its paths already confined.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    pub source: PathBuf,
+    pub config: Value,
+    pub global_config: Value,
+    pub environment: BTreeMap<String, String>,
+    pub rows: Option<Vec<Value>>,
+    pub max_rollout_attempts: Option<u64>,
+    pub retry_terminal_timeouts: bool,
+    pub replace: bool,
+}
+
+/// A run validated before its lock is taken: nothing is written before.
+#[derive(Debug)]
+pub struct PreparedRun {
+    pub manifest: RunManifest,
+    pub identity: ConfigurationIdentity,
+    /// The materialized rows to publish, when they were sent.
+    materialized: Option<Vec<u8>>,
+    replace: bool,
+}
+
+/// A created run: its manifest and identity, and the files a replacement moved aside.
+#[derive(Debug)]
+pub struct CreatedRun {
+    pub manifest: RunManifest,
+    pub identity: ConfigurationIdentity,
+    pub replaced: Vec<String>,
+}
+
+fn file_sha256(path: &Path) -> Result<String, OpError> {
+    let cannot = |e: std::io::Error| {
+        OpError::Invalid(format!("source_path: cannot read {}: {e}", path.display()))
+    };
+    sha256_reader(std::fs::File::open(path).map_err(cannot)?).map_err(cannot)
+}
+
+impl Registry {
+    /// Records an operator or collector action in the audit log.
+    pub async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        run_id: Option<&str>,
+        details: Value,
+    ) -> Result<(), StoreError> {
+        self.store()
+            .insert_audit(&AuditEntry {
+                audit_id: recovery_sidecar::new_id(),
+                at: self.clock().now_text(),
+                actor: actor.to_owned(),
+                action: action.to_owned(),
+                run_id: run_id.map(str::to_owned),
+                details,
+            })
+            .await
+    }
+
+    /// Refuses `run_id` when the manifest at its output names another run (a Python
+    /// collector's fresh start, a recreated directory): that run is adopted, and this one is
+    /// reported superseded, never acted on with another run's manifest.
+    pub async fn check_owner(&self, run: &LockedRun, run_id: &str) -> Result<(), OpError> {
+        let manifest = run.paths().manifest.clone();
+        let on_disk = blocking(move || {
+            Ok(std::fs::read(&manifest)
+                .ok()
+                .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
+                .map(|m| m.run_id))
+        })
+        .await?;
+        match on_disk {
+            Some(owner) if owner != run_id => {
+                self.adopt_locked(run).await?;
+                Err(OpError::Superseded {
+                    run_id: run_id.to_owned(),
+                    by: owner,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses unless `lease_id` holds the run now (checked inside the section, so the lease
+    /// cannot end between the check and the change).
+    pub async fn check_lease_holder(&self, run_id: &str, lease_id: &str) -> Result<(), OpError> {
+        let now = self.clock().now_text();
+        let live = self
+            .store()
+            .get_lease(run_id)
+            .await?
+            .is_some_and(|l| l.lease_id == lease_id && l.expires_at > now);
+        if live {
+            Ok(())
+        } else {
+            Err(OpError::LeaseNotHeld(format!(
+                "lease {lease_id} does not hold run {run_id}"
+            )))
+        }
+    }
+
+    /// The run's plan from its files, read inside its section.
+    async fn locked_plan(
+        &self,
+        run: &LockedRun,
+        default_cap: u64,
+    ) -> Result<(RunManifest, recovery_core::plan::ResumePlan), OpError> {
+        let paths = run.paths().clone();
+        blocking(move || Ok(runfiles::build_plan(&paths, default_cap)?)).await
+    }
+
+    /// Reserves the next execution number of each rollout: distinct and gapless per rollout,
+    /// every one in the manifest before the answer; an approved masked rerun is used by the
+    /// attempt reserved for it. A refused reserve writes nothing.
+    pub async fn reserve(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        rollout_ids: &[String],
+        default_cap: u64,
+    ) -> Result<BTreeMap<String, i64>, OpError> {
+        let mut seen = BTreeSet::new();
+        if let Some(twice) = rollout_ids.iter().find(|id| !seen.insert(*id)) {
+            return Err(OpError::Invalid(format!(
+                "rollout_ids: {twice} is listed twice"
+            )));
+        }
+        let (mut manifest, plan) = self.locked_plan(run, default_cap).await?;
+        let entries: HashMap<&str, &PlanEntry> = plan
+            .entries
+            .iter()
+            .map(|e| (e.rollout_id.as_str(), e))
+            .collect();
+        let mut attempts = BTreeMap::new();
+        for id in rollout_ids {
+            let entry = entries.get(id.as_str()).ok_or_else(|| {
+                OpError::Invalid(format!(
+                    "rollout_ids: {id} is not in this run's materialized inputs"
+                ))
+            })?;
+            let attempt = manifest
+                .next_attempt
+                .get(id)
+                .map_or_else(|| entry.latest_attempt.map_or(0, |l| l + 1), |n| *n as i64);
+            manifest
+                .next_attempt
+                .insert(id.clone(), (attempt + 1) as u64);
+            attempts.insert(id.clone(), attempt);
+        }
+        self.write_manifest(run, &manifest, None).await?;
+        let approvals = self.store().list_approvals(run_id).await?;
+        for (id, attempt) in &attempts {
+            let Some(entry) = entries
+                .get(id.as_str())
+                .filter(|e| e.state == PlanState::ApprovedRerun)
+            else {
+                continue;
+            };
+            let triple = (
+                recovery_core::rows::index(entry.task_index.as_ref()),
+                recovery_core::rows::index(entry.rollout_index.as_ref()),
+                entry.latest_attempt,
+            );
+            if let Some(approval) = approvals.iter().find(|a| {
+                a.consumed_by_attempt.is_none()
+                    && a.revoked_at.is_none()
+                    && (
+                        Some(a.task_index),
+                        Some(a.rollout_index),
+                        Some(a.attempt_index),
+                    ) == triple
+            }) {
+                self.store()
+                    .consume_approval(&approval.approval_id, *attempt)
+                    .await?;
+            }
+        }
+        Ok(attempts)
+    }
+
+    /// Admits a judge-only re-judgment: the attempt was reserved, the predecessor line is in
+    /// the failures sidecar byte for byte, the ids follow the grammar. Admitting the same
+    /// predecessor again answers the open re-judgment.
+    pub async fn admit_rejudgment(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        admission: &Admission,
+    ) -> Result<(Admitted, Rejudgment), OpError> {
+        check_admission(admission)?;
+        let mut manifest = self.readable_manifest(run).await?;
+        let key = format!("{}-a{}", admission.rollout_id, admission.attempt);
+        let sha256 = recovery_core::canonical::sha256_hex(admission.predecessor_line.as_bytes());
+        if let Some(open) = manifest.pending_rejudge.get(&key) {
+            if open.predecessor_failure_id != admission.predecessor_failure_id
+                || open.predecessor_sha256 != sha256
+            {
+                return Err(OpError::Conflict(format!(
+                    "a re-judgment of {key} is already open for another predecessor"
+                )));
+            }
+            let recorded = self
+                .store()
+                .list_rejudgments(run_id)
+                .await?
+                .into_iter()
+                .find(|r| r.operation_id == open.operation_id);
+            let rejudgment = recorded.unwrap_or_else(|| rejudgment_of(run_id, &key, open, None));
+            return Ok((Admitted::AlreadyOpen, rejudgment));
+        }
+        let reserved = manifest
+            .next_attempt
+            .get(&admission.rollout_id)
+            .is_some_and(|next| admission.attempt < *next);
+        if !reserved {
+            return Err(OpError::Invalid(format!(
+                "attempt: {} of {} was never reserved in this run",
+                admission.attempt, admission.rollout_id
+            )));
+        }
+        let (failures, expected) = (run.paths().failures.clone(), sha256.clone());
+        let held = blocking(move || {
+            let lines = recovery_sidecar::read_lines(&failures)
+                .map_err(|e| io_failure("reading the failures sidecar", e))?;
+            Ok(lines
+                .iter()
+                .any(|line| recovery_core::canonical::sha256_hex(line) == expected))
+        })
+        .await?;
+        if !held {
+            return Err(OpError::Invalid(
+                "predecessor_line: the failures sidecar holds no such line (send the saved line's exact bytes)".into(),
+            ));
+        }
+        let now = self.clock().now();
+        let pending = PendingRejudge {
+            admitted_at: now.unix_timestamp_nanos() as f64 / 1e9,
+            operation_id: recovery_sidecar::new_id(),
+            predecessor_failure_id: admission.predecessor_failure_id.clone(),
+            predecessor_sha256: sha256,
+        };
+        manifest
+            .pending_rejudge
+            .insert(key.clone(), pending.clone());
+        self.write_manifest(run, &manifest, None).await?;
+        let rejudgment = rejudgment_of(
+            run_id,
+            &key,
+            &pending,
+            Some(recovery_sidecar::format_rfc3339(now)),
+        );
+        self.record_rejudgment(run, &rejudgment).await?;
+        Ok((Admitted::Opened, rejudgment))
+    }
+
+    /// Closes an open re-judgment once its outcome is saved.
+    pub async fn close_rejudgment(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        operation_id: &str,
+        outcome: &str,
+    ) -> Result<(), OpError> {
+        let mut manifest = self.readable_manifest(run).await?;
+        let key = manifest
+            .pending_rejudge
+            .iter()
+            .find(|(_, p)| p.operation_id == operation_id)
+            .map(|(k, _)| k.clone())
+            .ok_or_else(|| {
+                OpError::NotFound(format!(
+                    "run {run_id} has no open re-judgment {operation_id}"
+                ))
+            })?;
+        manifest.pending_rejudge.shift_remove(&key);
+        self.write_manifest(run, &manifest, None).await?;
+        self.store()
+            .close_rejudgment(operation_id, &self.clock().now_text(), outcome)
+            .await?;
+        Ok(())
+    }
+
+    /// Approves rerunning exactly one masked attempt that kept an answer without a grade.
+    pub async fn approve(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+        (task_index, rollout_index, attempt_index): (i64, i64, i64),
+        default_cap: u64,
+    ) -> Result<Approval, OpError> {
+        if reason.trim().is_empty() {
+            return Err(OpError::Invalid(
+                "reason: say why this rerun is approved".into(),
+            ));
+        }
+        let (_, plan) = self.locked_plan(run, default_cap).await?;
+        let entry = plan
+            .entries
+            .iter()
+            .find(|e| {
+                recovery_core::rows::index(e.task_index.as_ref()) == Some(task_index)
+                    && recovery_core::rows::index(e.rollout_index.as_ref()) == Some(rollout_index)
+            })
+            .ok_or_else(|| {
+                OpError::NotFound(format!(
+                    "run {run_id} has no rollout with task_index {task_index} and rollout_index {rollout_index}"
+                ))
+            })?;
+        let details = serde_json::json!({"state": entry.state, "reason": entry.reason, "latest_attempt": entry.latest_attempt});
+        if entry.latest_attempt != Some(attempt_index) {
+            return Err(OpError::NotEligible {
+                message: format!(
+                    "attempt {attempt_index} is not the rollout's latest attempt ({:?})",
+                    entry.latest_attempt
+                ),
+                details,
+            });
+        }
+        if entry.state != PlanState::AwaitingApproval {
+            return Err(OpError::NotEligible {
+                message: format!(
+                    "only a masked result that kept an answer without a grade is eligible; this attempt is {:?}: {}",
+                    entry.state, entry.reason
+                ),
+                details,
+            });
+        }
+        let approval = self
+            .record_approval(
+                run,
+                run_id,
+                by,
+                reason,
+                (task_index, rollout_index, attempt_index),
+            )
+            .await?;
+        self.audit(
+            by,
+            "approval.create",
+            Some(run_id),
+            serde_json::json!({"approval_id": approval.approval_id, "reason": reason}),
+        )
+        .await?;
+        Ok(approval)
+    }
+
+    /// Revokes an approval before an attempt uses it.
+    pub async fn revoke(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        by: &str,
+        approval_id: &str,
+    ) -> Result<(), OpError> {
+        let approvals = self.store().list_approvals(run_id).await?;
+        let approval = approvals
+            .iter()
+            .find(|a| a.approval_id == approval_id)
+            .ok_or_else(|| {
+                OpError::NotFound(format!("run {run_id} has no approval {approval_id}"))
+            })?;
+        if approval.consumed_by_attempt.is_some() || approval.revoked_at.is_some() {
+            return Err(OpError::Conflict(format!(
+                "approval {approval_id} was already used or revoked"
+            )));
+        }
+        self.revoke_approval(run, approval_id).await?;
+        self.audit(
+            by,
+            "approval.revoke",
+            Some(run_id),
+            serde_json::json!({"approval_id": approval_id}),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Adds attempts to every rollout's cap (`--extend-attempts`).
+    pub async fn extend(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+        extend_attempts: i64,
+    ) -> Result<AttemptExtension, OpError> {
+        if !(1..=100).contains(&extend_attempts) {
+            return Err(OpError::Invalid(
+                "extend_attempts: must be between 1 and 100".into(),
+            ));
+        }
+        if reason.trim().is_empty() {
+            return Err(OpError::Invalid(
+                "reason: say why attempts are added".into(),
+            ));
+        }
+        let extension = self
+            .record_extension(run, run_id, by, reason, extend_attempts)
+            .await?;
+        self.audit(
+            by,
+            "attempts.extend",
+            Some(run_id),
+            serde_json::json!({"extend_attempts": extend_attempts, "reason": reason}),
+        )
+        .await?;
+        Ok(extension)
+    }
+
+    /// Resets the failure budget: earlier failures no longer count.
+    pub async fn resubmit(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        by: &str,
+        reason: &str,
+    ) -> Result<Resubmit, OpError> {
+        let resubmit = self.record_resubmit(run, run_id, by).await?;
+        self.audit(
+            by,
+            "attempts.resubmit",
+            Some(run_id),
+            serde_json::json!({"line_offset": resubmit.line_offset, "reason": reason}),
+        )
+        .await?;
+        Ok(resubmit)
+    }
+
+    async fn readable_manifest(&self, run: &LockedRun) -> Result<RunManifest, OpError> {
+        let path = run.paths().manifest.clone();
+        blocking(move || match runfiles::read_manifest(&path) {
+            recovery_core::verdict::SavedManifest::Read(manifest) => Ok(*manifest),
+            _ => Err(RunFilesError::ManifestUnreadable(format!(
+                "{} cannot be read",
+                path.display()
+            ))
+            .into()),
+        })
+        .await
+    }
+
+    /// Checks a new run completely (paths, rows as the planner will see them, identity, source)
+    /// before anything is written; refuses an output that shares files with the dataset or
+    /// another run.
+    pub async fn prepare_run(
+        &self,
+        paths: &SidecarPaths,
+        request: NewRun,
+        default_cap: u64,
+    ) -> Result<PreparedRun, OpError> {
+        self.check_output(paths, &request.source).await?;
+        let paths = paths.clone();
+        blocking(move || prepare(&request, &paths, default_cap)).await
+    }
+
+    async fn check_output(&self, paths: &SidecarPaths, source: &Path) -> Result<(), OpError> {
+        let refuse = |why: String| Err(OpError::PathRefused(format!("output_path: {why}")));
+        if paths.output.is_dir() {
+            return refuse(format!("{} is a directory", paths.output.display()));
+        }
+        if paths.output == source {
+            return refuse("is the source dataset itself".into());
+        }
+        let name = paths
+            .output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let directory = paths
+            .output
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_default();
+        for suffix in recovery_sidecar::paths::COMPANION_SUFFIXES {
+            let Some(stem) = name.strip_suffix(suffix).filter(|s| !s.is_empty()) else {
+                continue;
+            };
+            if directory.join(format!("{stem}_manifest.json")).exists() {
+                return refuse(format!("{name} is a companion file of the run at {stem}.*"));
+            }
+        }
+        for companion in movable(paths).into_iter().filter(|p| **p != paths.output) {
+            let recorded = self
+                .store()
+                .find_run_by_output(&companion.display().to_string())
+                .await?;
+            if SidecarPaths::for_output(companion).manifest.exists() || recorded.is_some() {
+                return refuse(format!(
+                    "its companion {} is another run's output",
+                    companion.display()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes a prepared run: refuses a run that exists (adopting it, so the id named
+    /// resolves) unless replacing, moves a replaced run aside under names that never collide,
+    /// publishes rows, outcome files, identity and manifest. On any error the previous state
+    /// stands.
+    pub async fn create(
+        &self,
+        run: &LockedRun,
+        actor: &str,
+        prepared: PreparedRun,
+    ) -> Result<CreatedRun, OpError> {
+        let paths = run.paths().clone();
+        let seconds = self.clock().now().unix_timestamp();
+        let (work_paths, rows, replace) = (
+            paths.clone(),
+            prepared.materialized.clone(),
+            prepared.replace,
+        );
+        let existing =
+            blocking(move || publish_files(&work_paths, rows.as_deref(), replace, seconds)).await?;
+        let moved = match existing {
+            Existing::Run => {
+                let adopted = self.adopt_locked(run).await?;
+                return Err(OpError::RunExists {
+                    message: format!(
+                        "{} already has a manifest: resume it with validate, or replace it as an operator",
+                        paths.output.display()
+                    ),
+                    run_id: adopted.map(|r| r.run_id),
+                });
+            }
+            Existing::Fresh => Vec::new(),
+            Existing::Replaced(moved) => moved,
+        };
+        let written = self
+            .write_manifest(run, &prepared.manifest, Some(&prepared.identity.identity))
+            .await;
+        if let Err(e) = written {
+            let published_rows = prepared.materialized.is_some() || !moved.is_empty();
+            blocking(move || {
+                unpublish(&paths, published_rows, &moved);
+                Ok(())
+            })
+            .await?;
+            return Err(e.into());
+        }
+        let replaced: Vec<String> = moved
+            .iter()
+            .map(|(_, to)| to.display().to_string())
+            .collect();
+        if !replaced.is_empty() {
+            self.audit(
+                actor,
+                "run.replace",
+                Some(&prepared.manifest.run_id),
+                serde_json::json!({"moved": replaced}),
+            )
+            .await?;
+        }
+        Ok(CreatedRun {
+            manifest: prepared.manifest,
+            identity: prepared.identity,
+            replaced,
+        })
+    }
+
+    /// Validates a resume and acts on the verdict: reuse, resume across operational drift (one
+    /// journal line), an override with `allow_unsafe` (the manifest rewritten, sticky), or a
+    /// refusal naming the semantic keys. The digest computed is reported into `digest` also
+    /// when the resume is refused.
+    pub async fn validate(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        request: ResumeRequest,
+        policy: &DriftPolicy,
+        digest: &mut ResumeDigest,
+    ) -> Result<Resumed, OpError> {
+        self.check_owner(run, run_id).await?;
+        let paths = run.paths().clone();
+        let allow_unsafe = request.allow_unsafe;
+        let (saved, current) = blocking(move || current_run(&paths, &request)).await?;
+        digest.0 = current.as_ref().map(|c| c.config.config_digest.clone());
+        let config_digest = digest.0.clone().unwrap_or_default();
+        let resumed = |outcome, manifest: Option<Value>| Resumed {
+            outcome,
+            message: None,
+            operational_keys: vec![],
+            drift_event_id: None,
+            reasons: vec![],
+            manifest,
+        };
+        match validate_resume(&saved, current.as_ref(), allow_unsafe, policy) {
+            ResumeVerdict::Reuse { manifest } => Ok(resumed("reuse", Some(manifest.to_value()))),
+            ResumeVerdict::ResumeWithDrift {
+                manifest,
+                operational_keys,
+            } => {
+                let drift = self
+                    .record_drift(run, &manifest, &config_digest, &operational_keys)
+                    .await?;
+                tracing::warn!(run_id, keys = ?operational_keys, "resume across operational drift");
+                Ok(Resumed {
+                    message: Some(format!(
+                        "Resuming across operational configuration drift: {}.",
+                        operational_keys.join(", ")
+                    )),
+                    operational_keys,
+                    drift_event_id: Some(drift.event_id),
+                    ..resumed("resume_with_drift", Some(manifest.to_value()))
+                })
+            }
+            ResumeVerdict::Refused {
+                message,
+                mismatches,
+            } => Err(OpError::ResumeRefused {
+                message,
+                mismatches,
+            }),
+            ResumeVerdict::NoManifest { message } => Err(RunFilesError::NoManifest(message).into()),
+            ResumeVerdict::Unreadable { message } => {
+                Err(RunFilesError::ManifestUnreadable(message).into())
+            }
+            ResumeVerdict::Overridden {
+                manifest,
+                message,
+                mismatches,
+            } => {
+                self.write_manifest(run, &manifest, None).await?;
+                tracing::warn!(
+                    run_id,
+                    "resume accepted with allow_unsafe: identity overridden"
+                );
+                Ok(Resumed {
+                    message: Some(message),
+                    reasons: mismatches.iter().map(|m| m.code().to_owned()).collect(),
+                    ..resumed("overridden", Some(manifest.to_value()))
+                })
+            }
+            ResumeVerdict::ImportLegacy { message } => Ok(Resumed {
+                message: Some(message),
+                ..resumed("import_legacy", None)
+            }),
+        }
+    }
+}
+
+fn check_admission(admission: &Admission) -> Result<(), OpError> {
+    if !ROLLOUT_ID.is_match(&admission.rollout_id) {
+        return Err(OpError::Invalid(
+            "rollout_id: must match ^[A-Za-z0-9][A-Za-z0-9._-]*$".into(),
+        ));
+    }
+    if admission.predecessor_failure_id.is_empty() {
+        return Err(OpError::Invalid(
+            "predecessor_failure_id: must not be empty".into(),
+        ));
+    }
+    if admission.predecessor_line.contains('\n') {
+        return Err(OpError::Invalid(
+            "predecessor_line: one saved line, without embedded newlines".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn rejudgment_of(
+    run_id: &str,
+    key: &str,
+    pending: &PendingRejudge,
+    admitted_at: Option<String>,
+) -> Rejudgment {
+    Rejudgment {
+        operation_id: pending.operation_id.clone(),
+        run_id: run_id.to_owned(),
+        attempt_key: key.to_owned(),
+        admitted_at: admitted_at.unwrap_or_else(|| unix_to_text(pending.admitted_at)),
+        predecessor_failure_id: pending.predecessor_failure_id.clone(),
+        predecessor_sha256: pending.predecessor_sha256.clone(),
+        closed_at: None,
+        outcome: None,
+    }
+}
+
+/// The saved run and the current one as `validate_resume` compares them.
+fn current_run(
+    paths: &SidecarPaths,
+    request: &ResumeRequest,
+) -> Result<(recovery_core::verdict::SavedRun, Option<CurrentRun>), OpError> {
+    let saved = runfiles::read_saved_run(paths);
+    let (materialized_digest, references) = match &request.rows {
+        Some(rows) => {
+            let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
+            let digest = recovery_core::materialized::materialized_digest(text.as_bytes(), 1)
+                .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
+                .sha256;
+            (digest, RowReferences::from_rows(rows))
+        }
+        None => (
+            saved.materialized.clone().unwrap_or_default(),
+            runfiles::row_references(&paths.materialized).unwrap_or_default(),
+        ),
+    };
+    let identity = ConfigurationIdentity::compute(ConfigBundle {
+        config: &request.config,
+        global_config: &request.global_config,
+        rows: &references,
+        environment: &request.environment,
+    });
+    let current = match identity {
+        Ok(config) => Some(CurrentRun {
+            source_digest: file_sha256(&request.source)?,
+            materialized_digest,
+            config,
+        }),
+        // Like the collector: without allow_unsafe a configuration error propagates.
+        Err(e) if !request.allow_unsafe => return Err(e.into()),
+        Err(_) => None,
+    };
+    Ok((saved, current))
+}
+
+/// The companions a replacement moves aside (never deletes).
+fn movable(paths: &SidecarPaths) -> [&PathBuf; 11] {
+    [
+        &paths.output,
+        &paths.failures,
+        &paths.materialized,
+        &paths.manifest,
+        &paths.identity,
+        &paths.resume_drift,
+        &paths.coverage,
+        &paths.attempt_extension,
+        &paths.rerun_masked,
+        &paths.resubmit_offset,
+        &paths.aggregate_metrics,
+    ]
+}
+
+/// Moves every existing companion aside under one suffix that no existing file carries
+/// (`.replaced-<unix seconds>`, then `-2`, `-3`, ...), so a saved result is never overwritten.
+/// Returns the (from, to) pairs moved; on error, what was moved is moved back.
+fn move_aside(paths: &SidecarPaths, seconds: i64) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
+    let target = |path: &Path, suffix: &str| PathBuf::from(format!("{}{suffix}", path.display()));
+    let suffix = (1..)
+        .map(|n| match n {
+            1 => format!(".replaced-{seconds}"),
+            n => format!(".replaced-{seconds}-{n}"),
+        })
+        .find(|suffix| {
+            movable(paths)
+                .iter()
+                .all(|p| std::fs::symlink_metadata(target(p, suffix)).is_err())
+        })
+        .unwrap_or_default();
+    let mut moved = Vec::new();
+    for path in movable(paths).into_iter().filter(|p| p.exists()) {
+        let to = target(path, &suffix);
+        if let Err(e) = std::fs::rename(path, &to) {
+            move_back(&moved);
+            return Err(e);
+        }
+        moved.push((path.clone(), to));
+    }
+    Ok(moved)
+}
+
+/// Undoes [`move_aside`] (best effort: every move that can be undone is).
+fn move_back(moved: &[(PathBuf, PathBuf)]) {
+    for (from, to) in moved.iter().rev() {
+        let _ = std::fs::remove_file(from);
+        let _ = std::fs::rename(to, from);
+    }
+}
+
+fn non_empty(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() > 0)
+}
+
+/// Refuses inventories the planner would refuse later (duplicate or malformed logical ids,
+/// indices that are not integers), naming the row.
+fn check_inventory<'a>(rows: impl IntoIterator<Item = &'a Value>) -> Result<(), OpError> {
+    use recovery_core::rows::{ROLLOUT_INDEX_KEY, TASK_INDEX_KEY};
+    let mut seen = HashMap::new();
+    for (i, row) in rows.into_iter().enumerate() {
+        if !row.is_object() {
+            return Err(OpError::Invalid(format!(
+                "rows[{i}]: must be a JSON object"
+            )));
+        }
+        for key in [TASK_INDEX_KEY, ROLLOUT_INDEX_KEY] {
+            if row
+                .get(key)
+                .is_some_and(|v| recovery_core::rows::index(Some(v)).is_none())
+            {
+                return Err(OpError::Invalid(format!(
+                    "rows[{i}].{key}: must be an integer"
+                )));
+            }
+        }
+        let id = recovery_core::rows::logical_rollout_id(row)
+            .map_err(|e| OpError::Invalid(format!("rows[{i}]: {e}")))?;
+        if let Some(first) = seen.insert(id.clone(), i) {
+            return Err(OpError::Invalid(format!(
+                "rows[{i}]: logical rollout id {id} repeats rows[{first}]"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The rows to publish, their digest and their server references, checked as the planner will.
+fn prepare_rows(
+    rows: Option<&Vec<Value>>,
+    paths: &SidecarPaths,
+) -> Result<(Option<Vec<u8>>, String, RowReferences), OpError> {
+    let rows_invalid = |e: String| OpError::Files(RunFilesError::RowsInvalid(e));
+    if let Some(rows) = rows {
+        check_inventory(rows)?;
+        let mut text = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            text.extend(
+                serde_json::to_vec(row).map_err(|e| OpError::Invalid(format!("rows[{i}]: {e}")))?,
+            );
+            text.push(b'\n');
+        }
+        let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
+            .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
+            .sha256;
+        return Ok((Some(text), digest, RowReferences::from_rows(rows)));
+    }
+    if !paths.materialized.is_file() {
+        return Err(OpError::Invalid(format!(
+            "rows: send the materialized rows, or write {} first",
+            paths.materialized.display()
+        )));
+    }
+    let name = paths.materialized.display().to_string();
+    let file = std::fs::File::open(&paths.materialized)
+        .map_err(|e| rows_invalid(format!("{name}: {e}")))?;
+    let (rows, _) =
+        recovery_core::rows::read_jsonl(file, &name).map_err(|e| rows_invalid(e.to_string()))?;
+    let values: Vec<Value> = rows.into_iter().map(|r| r.value).collect();
+    check_inventory(&values)?;
+    let digest = runfiles::digest_rows_file(&paths.materialized).map_err(rows_invalid)?;
+    Ok((None, digest, RowReferences::from_rows(&values)))
+}
+
+fn prepare(
+    request: &NewRun,
+    paths: &SidecarPaths,
+    default_cap: u64,
+) -> Result<PreparedRun, OpError> {
+    if request.max_rollout_attempts == Some(0) {
+        return Err(OpError::Invalid(
+            "max_rollout_attempts: must be at least 1".into(),
+        ));
+    }
+    let (materialized, digest, references) = prepare_rows(request.rows.as_ref(), paths)?;
+    let identity = ConfigurationIdentity::compute(ConfigBundle {
+        config: &request.config,
+        global_config: &request.global_config,
+        rows: &references,
+        environment: &request.environment,
+    })?;
+    let mut manifest = RunManifest::create(
+        recovery_sidecar::new_id(),
+        file_sha256(&request.source)?,
+        digest,
+        identity.config_digest.clone(),
+        Some(request.max_rollout_attempts.unwrap_or(default_cap)),
+    );
+    manifest.retry_terminal_timeouts = request.retry_terminal_timeouts
+        || request
+            .config
+            .get("retry_terminal_timeouts")
+            .and_then(Value::as_bool)
+            == Some(true);
+    Ok(PreparedRun {
+        manifest,
+        identity,
+        materialized,
+        replace: request.replace,
+    })
+}
+
+/// What the locked part of a create found on disk.
+enum Existing {
+    /// Nothing to keep: started fresh.
+    Fresh,
+    /// A run is there and no replacement was asked for: nothing written.
+    Run,
+    /// Moved aside for a replacement: (from, to).
+    Replaced(Vec<(PathBuf, PathBuf)>),
+}
+
+/// Under the run's lock: refuse a run that exists (unless replacing), move a replaced run aside,
+/// publish the materialized rows and fresh outcome files. Undone on error.
+fn publish_files(
+    paths: &SidecarPaths,
+    rows: Option<&[u8]>,
+    replace: bool,
+    seconds: i64,
+) -> Result<Existing, OpError> {
+    let exists = paths.manifest.exists();
+    if exists && !replace {
+        return Ok(Existing::Run);
+    }
+    if !exists && !replace && (non_empty(&paths.output) || non_empty(&paths.failures)) {
+        return Err(OpError::RunExists {
+            message: format!(
+                "{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently",
+                paths.output.display()
+            ),
+            run_id: None,
+        });
+    }
+    let moved = if replace {
+        move_aside(paths, seconds).map_err(|e| io_failure("moving the old run aside", e))?
+    } else {
+        Vec::new()
+    };
+    let publish = || -> std::io::Result<()> {
+        if let Some(parent) = paths.output.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let kept = moved.iter().find(|(from, _)| *from == paths.materialized);
+        let rows = match (rows, kept) {
+            (Some(text), _) => Some(text.to_vec()),
+            // The replaced run's rows stay the new run's inputs.
+            (None, Some((_, aside))) => Some(std::fs::read(aside)?),
+            (None, None) => None,
+        };
+        if let Some(rows) = rows {
+            recovery_sidecar::atomic_write(&paths.materialized, &rows, None)?;
+        }
+        // A fresh start: stale derived files go, empty outcome files are created.
+        for stale in [
+            &paths.draft_journal,
+            &paths.coverage,
+            &paths.aggregate_metrics,
+        ] {
+            let _ = std::fs::remove_file(stale);
+        }
+        for outcome in [&paths.output, &paths.failures] {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(outcome)?;
+        }
+        Ok(())
+    };
+    match publish() {
+        Ok(()) if moved.is_empty() => Ok(Existing::Fresh),
+        Ok(()) => Ok(Existing::Replaced(moved)),
+        Err(e) => {
+            move_back(&moved);
+            Err(io_failure("publishing the run's files", e))
+        }
+    }
+}
+
+/// Removes what a create published and moves a replaced run back (the previous state stands).
+fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, PathBuf)]) {
+    for path in [&paths.manifest, &paths.identity] {
+        let _ = std::fs::remove_file(path);
+    }
+    if published_rows {
+        let _ = std::fs::remove_file(&paths.materialized);
+    }
+    move_back(moved);
+}
