@@ -5,6 +5,7 @@
 //! writes, also with lines Python collectors wrote. Leases are the database's record of who holds
 //! a run, backed by the run's `flock` held by this process.
 //!
+//! - [`cache`]: derived state of files cached by file identity (a warm validate reads nothing).
 //! - [`events`]: the sidecar lines (drift journal, approvals, attempt extensions, resubmits).
 //! - [`registry`]: recording events, manifests and identities; reindex.
 //! - [`leases`]: acquire, heartbeat, release, expiry sweep and operator takeover.
@@ -13,6 +14,7 @@
 //! - [`runfiles`]: reading a run's files into the core's inputs.
 //! - [`runlock`]: the per-run critical section ([`LockedRun`]) every mutation happens in.
 
+pub mod cache;
 pub mod clock;
 pub mod events;
 pub mod leases;

@@ -8,6 +8,7 @@
 //! before rows (the files are the truth; reindex replays them); a run whose output the files
 //! show to belong to another run is never acted on ([`Registry::check_owner`]).
 
+use crate::cache::{MaterializedFacts, RunCaches};
 use crate::registry::{Registry, RegistryError, unix_to_text};
 use crate::runfiles::{self, RunFilesError};
 use crate::runlock::LockedRun;
@@ -16,13 +17,15 @@ use recovery_core::drift::DriftPolicy;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences};
 use recovery_core::manifest::{PendingRejudge, RunManifest};
 use recovery_core::plan::{PlanEntry, PlanState};
-use recovery_core::verdict::{CurrentRun, Mismatch, ResumeVerdict, validate_resume};
+use recovery_core::verdict::{
+    CurrentRun, Mismatch, ResumeVerdict, SavedManifest, SavedRun, validate_resume,
+};
 use recovery_sidecar::SidecarPaths;
 use recovery_store::{Approval, AttemptExtension, AuditEntry, Rejudgment, Resubmit, StoreError};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 /// Why an operation was refused or failed. Each variant is one stable API error code.
 #[derive(Debug, thiserror::Error)]
@@ -708,7 +711,8 @@ impl Registry {
         self.check_owner(run, run_id).await?;
         let paths = run.paths().clone();
         let allow_unsafe = request.allow_unsafe;
-        let (saved, current) = blocking(move || current_run(&paths, &request)).await?;
+        let caches = self.caches().clone();
+        let (saved, current) = blocking(move || current_run(&caches, &paths, &request)).await?;
         digest.0 = current.as_ref().map(|c| c.config.config_digest.clone());
         let config_digest = digest.0.clone().unwrap_or_default();
         let resumed = |outcome, manifest: Option<Value>| Resumed {
@@ -811,34 +815,74 @@ fn rejudgment_of(
     }
 }
 
-/// The saved run and the current one as `validate_resume` compares them.
+/// The saved run as `validate_resume` reads it, derived state from the caches.
+fn saved_run(caches: &RunCaches, paths: &SidecarPaths) -> (SavedRun, Option<Arc<RowReferences>>) {
+    let materialized = caches.materialized.get(&paths.materialized, |path| {
+        Ok::<_, String>(MaterializedFacts {
+            digest: runfiles::digest_rows_file(path)?,
+            references: Arc::new(runfiles::row_references(path)?),
+        })
+    });
+    let identity = caches
+        .identities
+        .get(&paths.identity, |path| {
+            std::fs::read(path)
+                .map(|bytes| serde_json::from_slice::<Value>(&bytes).ok().map(Arc::new))
+        })
+        .ok()
+        .flatten();
+    let saved = SavedRun {
+        manifest_path: paths.manifest.display().to_string(),
+        manifest: runfiles::read_manifest(&paths.manifest),
+        materialized: materialized
+            .as_ref()
+            .map(|m| m.digest.clone())
+            .map_err(Clone::clone),
+        identity: identity.map(|v| (*v).clone()),
+    };
+    (saved, materialized.ok().map(|m| m.references))
+}
+
+/// The saved run and the current one as `validate_resume` compares them. The identity's earlier
+/// forms are computed only when the current form does not name the saved digest.
 fn current_run(
+    caches: &RunCaches,
     paths: &SidecarPaths,
     request: &ResumeRequest,
-) -> Result<(recovery_core::verdict::SavedRun, Option<CurrentRun>), OpError> {
-    let saved = runfiles::read_saved_run(paths);
+) -> Result<(SavedRun, Option<CurrentRun>), OpError> {
+    let (saved, saved_references) = saved_run(caches, paths);
     let (materialized_digest, references) = match &request.rows {
         Some(rows) => {
             let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
             let digest = recovery_core::materialized::materialized_digest(text.as_bytes(), 1)
                 .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
                 .sha256;
-            (digest, RowReferences::from_rows(rows))
+            (digest, Arc::new(RowReferences::from_rows(rows)))
         }
         None => (
             saved.materialized.clone().unwrap_or_default(),
-            runfiles::row_references(&paths.materialized).unwrap_or_default(),
+            saved_references.unwrap_or_default(),
         ),
     };
-    let identity = ConfigurationIdentity::compute(ConfigBundle {
+    let bundle = ConfigBundle {
         config: &request.config,
         global_config: &request.global_config,
         rows: &references,
         environment: &request.environment,
+    };
+    let saved_digest = match &saved.manifest {
+        SavedManifest::Read(manifest) => Some(manifest.config_digest.as_str()),
+        _ => None,
+    };
+    let identity = ConfigurationIdentity::compute_current(bundle).and_then(|mut identity| {
+        if saved_digest != Some(identity.config_digest.as_str()) {
+            identity.add_earlier_forms(bundle)?;
+        }
+        Ok(identity)
     });
     let current = match identity {
         Ok(config) => Some(CurrentRun {
-            source_digest: file_sha256(&request.source)?,
+            source_digest: caches.sources.get(&request.source, file_sha256)?,
             materialized_digest,
             config,
         }),

@@ -9,6 +9,7 @@
 //! whose run differs from the one recorded for its output supersedes it); an unreadable manifest
 //! or journal line is reported, never fatal, and never replaced.
 
+use crate::cache::RunCaches;
 use crate::clock::Clock;
 use crate::events::{
     ApprovalLine, DRIFT_JOURNAL, DriftLine, EXTENSION_JOURNAL, ExtensionLine, line_id, resubmit_id,
@@ -91,6 +92,7 @@ pub struct Registry {
     confinement: Confinement,
     clock: Arc<dyn Clock>,
     locks: RunLocks,
+    caches: Arc<RunCaches>,
 }
 
 /// Runs blocking file work off the async executor.
@@ -136,10 +138,16 @@ impl Registry {
         let leases = Leases::new(store.clone(), clock.clone(), replica);
         Self {
             locks: RunLocks::new(store.clone(), leases),
+            caches: Arc::default(),
             store,
             confinement,
             clock,
         }
+    }
+
+    /// Derived state of files, cached by file identity.
+    pub fn caches(&self) -> &Arc<RunCaches> {
+        &self.caches
     }
 
     /// This process's leases (they share the per-run mutexes of [`Self::lock`]).

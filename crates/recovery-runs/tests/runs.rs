@@ -582,3 +582,84 @@ async fn a_python_collector_holding_the_lock_refuses_a_lease_and_a_lease_refuses
         "a released lease frees the flock"
     );
 }
+
+/// Sets a file's modification time `seconds` ago (its change time becomes now).
+fn settle(path: &Path, seconds: u64) {
+    let file = std::fs::File::options()
+        .append(true)
+        .open(path)
+        .expect("open");
+    file.set_modified(std::time::SystemTime::now() - Duration::from_secs(seconds))
+        .expect("mtime");
+}
+
+#[test]
+fn a_cached_derivation_is_reused_until_the_file_changes_in_any_way() {
+    use recovery_runs::cache::FileCache;
+    use std::cell::Cell;
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("source.jsonl");
+    std::fs::write(&path, b"one\n").expect("write");
+    let cache: FileCache<String> = FileCache::default();
+    let reads = Cell::new(0);
+    let derive = |p: &Path| {
+        reads.set(reads.get() + 1);
+        std::fs::read_to_string(p)
+    };
+    // A file changed just now is read every time: a same-size rewrite in the same timestamp
+    // tick would keep its identity.
+    cache.get(&path, derive).expect("read");
+    cache.get(&path, derive).expect("read");
+    assert_eq!(reads.get(), 2, "a racy file is never served from the cache");
+    // Changing the modification time also changes the change time (now): wait until the file
+    // settles by polling, as a collector's dataset does long before it is validated.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let changes: [(&str, &dyn Fn()); 3] = [
+        ("an append changes the size", &|| {
+            std::fs::write(&path, b"one\ntwo\n").expect("append")
+        }),
+        (
+            "an atomic replace of the same size changes the inode",
+            &|| recovery_sidecar::atomic_write(&path, b"one\nTWO\n", None).expect("replace"),
+        ),
+        (
+            "an in-place rewrite of the same size changes the times",
+            &|| std::fs::write(&path, b"ONE\nTWO\n").expect("rewrite"),
+        ),
+    ];
+    let settled_read = |expected: &str| {
+        loop {
+            let before = reads.get();
+            assert_eq!(cache.get(&path, derive).expect("derive"), expected);
+            assert_eq!(cache.get(&path, derive).expect("again"), expected);
+            if reads.get() == before + 1 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the file never settled"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    settle(&path, 60);
+    settled_read("one\n");
+    for (case, change) in changes {
+        let before = reads.get();
+        change();
+        settle(&path, 60);
+        let expected = std::fs::read_to_string(&path).expect("read");
+        assert_eq!(
+            cache.get(&path, derive).expect("derive"),
+            expected,
+            "{case}"
+        );
+        assert!(reads.get() > before, "{case}: read again");
+        settled_read(&expected);
+    }
+    std::fs::remove_file(&path).expect("remove");
+    assert!(
+        cache.get(&path, derive).is_err(),
+        "a missing file is never served from the cache"
+    );
+}

@@ -585,32 +585,45 @@ impl std::fmt::Debug for ConfigurationIdentity {
 impl ConfigurationIdentity {
     /// Computes the current form and every earlier form of a configuration.
     pub fn compute(bundle: ConfigBundle<'_>) -> Result<Self, IdentityError> {
+        let mut identity = Self::compute_current(bundle)?;
+        identity.add_earlier_forms(bundle)?;
+        Ok(identity)
+    }
+
+    /// Computes the current form only: enough when the saved digest is the current one (the
+    /// common resume), which [`Self::matches_config`] then accepts. Earlier forms are added by
+    /// [`Self::add_earlier_forms`] when it does not match.
+    pub fn compute_current(bundle: ConfigBundle<'_>) -> Result<Self, IdentityError> {
         let identity = configuration_identity(bundle, IdentityForm::Current)?;
         let config_digest = digest(&identity)?;
+        Ok(Self {
+            accepted: BTreeSet::from([config_digest.clone()]),
+            identity,
+            config_digest,
+            legacy_digest: None,
+        })
+    }
+
+    /// Adds the legacy form and every earlier recorded form of the same bundle.
+    pub fn add_earlier_forms(&mut self, bundle: ConfigBundle<'_>) -> Result<(), IdentityError> {
         // A legacy form that cannot be computed (e.g. a credential variable it would have read
         // is absent) simply names no earlier run.
         let legacy = configuration_identity(bundle, IdentityForm::Legacy).ok();
         let legacy_digest = legacy.as_ref().map(digest).transpose()?;
-        let mut accepted = BTreeSet::new();
-        let mut bases = vec![identity.clone()];
+        let mut bases = vec![self.identity.clone()];
         if let Some(legacy) = &legacy {
             bases.push(without_null_defaults(legacy));
         }
         for base in &bases {
             for restored in null_default_restorations(base) {
                 for form in earlier_collection_forms(&restored, bundle.config) {
-                    accepted.insert(digest(&form)?);
+                    self.accepted.insert(digest(&form)?);
                 }
             }
         }
-        accepted.extend(legacy_digest.iter().cloned());
-        accepted.insert(config_digest.clone());
-        Ok(Self {
-            identity,
-            config_digest,
-            legacy_digest,
-            accepted,
-        })
+        self.accepted.extend(legacy_digest.iter().cloned());
+        self.legacy_digest = legacy_digest;
+        Ok(())
     }
 
     /// `RunManifest.matches_config(saved_digest)`: whether a saved digest names this

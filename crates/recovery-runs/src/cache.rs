@@ -1,0 +1,118 @@
+//! Derived state of files, cached by file identity, so a warm `validate` reads no file it has
+//! read before: the source dataset's SHA-256, the saved materialized inputs' digest and server
+//! references, the saved identity.
+//!
+//! Invariants: an entry is keyed by the path and the file's identity (device, inode, size,
+//! modification and change times in nanoseconds) taken *before* the file is read, and is kept only
+//! when the identity is unchanged after the read, so a file changed during or after a read is read
+//! again (an atomic replace changes the inode; an in-place write changes size or times). File
+//! times move in coarse ticks, so a same-size rewrite within one tick keeps them: as git does with
+//! its index, a file changed within [`SETTLE`] of its read is "racy" and not cached. Callers of
+//! one path wait for each other (one read of a 1 GB file, not one per caller); callers of
+//! different paths never do. Blocking: call from blocking threads.
+
+use recovery_core::identity::RowReferences;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// What identifies a file's content without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    device: u64,
+    inode: u64,
+    size: u64,
+    modified_ns: i128,
+    changed_ns: i128,
+}
+
+impl FileIdentity {
+    /// The identity of the file at `path` (symlinks followed).
+    pub fn of(path: &Path) -> std::io::Result<Self> {
+        let m = std::fs::metadata(path)?;
+        Ok(Self {
+            device: m.dev(),
+            inode: m.ino(),
+            size: m.size(),
+            modified_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            changed_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+}
+
+/// How long after its last change a file's identity is trusted to name its content.
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl FileIdentity {
+    /// Whether the file changed so recently (or in the future) that a same-size rewrite in the
+    /// same timestamp tick could go unseen.
+    fn is_racy(&self) -> bool {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        let settled = now - SETTLE.as_nanos() as i128;
+        self.modified_ns.max(self.changed_ns) > settled
+    }
+}
+
+type Slot<T> = Arc<Mutex<Option<(FileIdentity, T)>>>;
+
+/// One kind of derived value per path.
+#[derive(Debug)]
+pub struct FileCache<T> {
+    slots: Mutex<HashMap<PathBuf, Slot<T>>>,
+}
+
+impl<T> Default for FileCache<T> {
+    fn default() -> Self {
+        Self {
+            slots: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<T: Clone> FileCache<T> {
+    /// The value derived from the file at `path`: cached while the file's identity holds,
+    /// else computed by `derive` (and cached when the file did not change meanwhile). A file
+    /// that cannot be stat'ed is derived every time (its error is `derive`'s to report).
+    pub fn get<E>(&self, path: &Path, derive: impl FnOnce(&Path) -> Result<T, E>) -> Result<T, E> {
+        let Ok(before) = FileIdentity::of(path) else {
+            return derive(path);
+        };
+        let slot = {
+            let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            slots.entry(path.to_owned()).or_default().clone()
+        };
+        let mut entry = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((identity, value)) = entry.as_ref()
+            && *identity == before
+        {
+            return Ok(value.clone());
+        }
+        let value = derive(path)?;
+        if !before.is_racy() && FileIdentity::of(path).is_ok_and(|after| after == before) {
+            *entry = Some((before, value.clone()));
+        }
+        Ok(value)
+    }
+}
+
+/// The saved materialized inputs as a resume compares them.
+#[derive(Debug, Clone)]
+pub struct MaterializedFacts {
+    pub digest: String,
+    pub references: Arc<RowReferences>,
+}
+
+/// Every cache a registry keeps.
+#[derive(Debug, Default)]
+pub struct RunCaches {
+    /// SHA-256 of source datasets.
+    pub sources: FileCache<String>,
+    /// Digest and server references of saved materialized inputs.
+    pub materialized: FileCache<MaterializedFacts>,
+    /// Saved identities (`None`: present but not JSON).
+    pub identities: FileCache<Option<Arc<Value>>>,
+}
