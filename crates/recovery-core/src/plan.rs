@@ -290,6 +290,10 @@ pub struct RunIndex<'a> {
     positions: HashMap<String, usize>,
     latest: HashMap<String, i64>,
     outcomes: HashMap<(String, i64), Outcome>,
+    /// Per rollout: the newest attempt with a saved outcome (so a plan never scans outcomes).
+    newest_outcome: HashMap<String, i64>,
+    /// Per rollout: the longest observed elapsed time of its failures.
+    longest_failure: HashMap<String, f64>,
     counted: HashMap<String, u64>,
     counted_only_with_opt_in: HashMap<String, u64>,
     legacy_counts: HashMap<String, i64>,
@@ -343,6 +347,8 @@ impl<'a> RunIndex<'a> {
             positions,
             latest,
             outcomes: HashMap::new(),
+            newest_outcome: HashMap::new(),
+            longest_failure: HashMap::new(),
             counted: HashMap::new(),
             counted_only_with_opt_in: HashMap::new(),
             legacy_counts: HashMap::new(),
@@ -515,6 +521,20 @@ impl<'a> RunIndex<'a> {
         }
         let latest = self.latest.entry(rollout.clone()).or_insert(attempt);
         *latest = (*latest).max(attempt);
+        let newest = self
+            .newest_outcome
+            .entry(rollout.clone())
+            .or_insert(attempt);
+        *newest = (*newest).max(attempt);
+        if failure_class.is_some()
+            && let Some(elapsed) = decision.observed_elapsed
+        {
+            let longest = self
+                .longest_failure
+                .entry(rollout.clone())
+                .or_insert(elapsed);
+            *longest = longest.max(elapsed);
+        }
         self.outcomes.insert(
             key,
             Outcome {
@@ -705,23 +725,16 @@ impl<'a> RunIndex<'a> {
 
     /// The newest recorded outcome carries `reuse_cached_deliverable` and is not an omission.
     fn reuse_cached_deliverable(&self, id: &str) -> bool {
-        self.outcomes
-            .iter()
-            .filter(|((rollout, _), _)| rollout == id)
-            .max_by_key(|((_, attempt), _)| *attempt)
-            .is_some_and(|(_, o)| {
+        self.newest_outcome
+            .get(id)
+            .and_then(|attempt| self.outcomes.get(&(id.to_owned(), *attempt)))
+            .is_some_and(|o| {
                 o.reuse_cached_deliverable && o.decision.verdict != RowVerdict::Omitted
             })
     }
 
     fn longest_failure_elapsed(&self, id: &str) -> Option<f64> {
-        self.outcomes
-            .iter()
-            .filter(|((rollout, _), o)| rollout == id && o.failure_class.is_some())
-            .filter_map(|(_, o)| o.decision.observed_elapsed)
-            .fold(None, |max: Option<f64>, e| {
-                Some(max.map_or(e, |m| m.max(e)))
-            })
+        self.longest_failure.get(id).copied()
     }
 
     /// The disposition of a rollout's latest attempt (`success`, `failure`, `omitted`, `unknown`).

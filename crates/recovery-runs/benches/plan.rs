@@ -1,0 +1,125 @@
+//! Benchmark: the resume plan of a 100k-rollout run with 3 attempts each (two retryable failures
+//! in the failures sidecar, then a graded result), built from its files as `GET /runs/{id}/plan`
+//! builds it. Reference measured in the same run: reading the same files once (no parsing). Then
+//! 100 outcomes are appended and the plan is built again. Target: cold plan <= 2x the reference.
+//!
+//! Run: `cargo bench -p recovery-runs --bench plan` (`BENCH_ROLLOUTS` sets the size).
+
+use recovery_core::manifest::RunManifest;
+use recovery_runs::runfiles::build_plan;
+use recovery_sidecar::SidecarPaths;
+use std::io::{BufWriter, Write};
+use std::time::{Duration, Instant};
+
+const RUN_ID: &str = "0123456789abcdef0123456789abcdef";
+
+fn result_row(task: usize, attempt: usize) -> String {
+    format!(
+        "{{\"_ng_task_index\":{task},\"_ng_rollout_index\":0,\"_ng_attempt_index\":{attempt},\"_ng_run_id\":\"{RUN_ID}\",\"reward\":1.0,\"response\":{{\"output\":[{{\"type\":\"message\",\"content\":\"the answer is {task}\"}}],\"status\":\"completed\"}}}}\n"
+    )
+}
+
+fn failure_row(task: usize, attempt: usize) -> String {
+    format!(
+        "{{\"_ng_task_index\":{task},\"_ng_rollout_index\":0,\"_ng_attempt_index\":{attempt},\"_ng_run_id\":\"{RUN_ID}\",\"_ng_failure_class\":\"transport_peer_drop\",\"failure_kind\":\"transport_peer_drop\",\"error\":\"connection reset by peer\"}}\n"
+    )
+}
+
+fn write_lines(path: &std::path::Path, lines: impl Iterator<Item = String>) {
+    let mut file = BufWriter::new(std::fs::File::create(path).expect("create"));
+    for line in lines {
+        file.write_all(line.as_bytes()).expect("write");
+    }
+    file.flush().expect("flush");
+}
+
+fn best_of(runs: usize, mut work: impl FnMut()) -> Duration {
+    (0..runs)
+        .map(|_| {
+            let started = Instant::now();
+            work();
+            started.elapsed()
+        })
+        .min()
+        .unwrap_or_default()
+}
+
+fn main() {
+    let rollouts: usize = std::env::var("BENCH_ROLLOUTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let paths = SidecarPaths::for_output(&dir.path().join("out.jsonl"));
+    write_lines(
+        &paths.materialized,
+        (0..rollouts).map(|t| {
+            format!("{{\"_ng_task_index\":{t},\"_ng_rollout_index\":0,\"question\":\"{t}+1?\"}}\n")
+        }),
+    );
+    let mut manifest = RunManifest::create(RUN_ID, "s", "m", "c", Some(3));
+    for t in 0..rollouts {
+        manifest.next_attempt.insert(format!("{t}-0"), 3);
+    }
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    write_lines(
+        &paths.failures,
+        (0..rollouts).flat_map(|t| [failure_row(t, 0), failure_row(t, 1)]),
+    );
+    // The last 100 results arrive after the first plan.
+    write_lines(&paths.output, (0..rollouts - 100).map(|t| result_row(t, 2)));
+    let files = [
+        &paths.materialized,
+        &paths.manifest,
+        &paths.failures,
+        &paths.output,
+    ];
+    let megabytes: f64 = files
+        .iter()
+        .map(|p| std::fs::metadata(p).expect("size").len() as f64 / 1e6)
+        .sum();
+    println!("plan benchmark: {rollouts} rollouts x 3 attempts, {megabytes:.1} MB of files");
+    let read_once = best_of(3, || {
+        for path in files {
+            std::hint::black_box(std::fs::read(path).expect("read"));
+        }
+    });
+    let mut scored = 0;
+    let cold = best_of(3, || {
+        let (_, plan) = build_plan(&paths, 3).expect("plan");
+        scored = plan.coverage.successful;
+    });
+    assert_eq!(scored, (rollouts - 100) as u64);
+    let mut output = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&paths.output)
+        .expect("output");
+    for t in rollouts - 100..rollouts {
+        output
+            .write_all(result_row(t, 2).as_bytes())
+            .expect("append");
+    }
+    drop(output);
+    let after_append = best_of(3, || {
+        let (_, plan) = build_plan(&paths, 3).expect("plan");
+        scored = plan.coverage.successful;
+    });
+    assert_eq!(scored, rollouts as u64);
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("| measurement | time | ratio to reading the files once |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| read the files once (reference) | {:.1} ms | 1.00 |",
+        ms(read_once)
+    );
+    println!(
+        "| plan, cold | {:.1} ms | {:.2} |",
+        ms(cold),
+        cold.as_secs_f64() / read_once.as_secs_f64()
+    );
+    println!(
+        "| plan after 100 appended outcomes | {:.1} ms | {:.2} |",
+        ms(after_append),
+        after_append.as_secs_f64() / read_once.as_secs_f64()
+    );
+}
