@@ -192,28 +192,44 @@ impl Registry {
             .await
     }
 
-    /// Refuses `run_id` when the manifest at its output names another run (a Python
-    /// collector's fresh start, a recreated directory): that run is adopted, and this one is
-    /// reported superseded, never acted on with another run's manifest.
+    /// Refuses a change to `run_id` unless its manifest is at its output and names it: another
+    /// run there (a Python collector's fresh start, a recreated directory) is adopted and this
+    /// one reported superseded; a missing or unreadable manifest refuses, so nothing is written
+    /// beside an output that no manifest ties to this run.
     pub async fn check_owner(&self, run: &LockedRun, run_id: &str) -> Result<(), OpError> {
-        let manifest = run.paths().manifest.clone();
-        let on_disk = blocking(move || {
-            Ok(std::fs::read(&manifest)
-                .ok()
-                .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
-                .map(|m| m.run_id))
-        })
-        .await?;
-        match on_disk {
-            Some(owner) if owner != run_id => {
-                self.adopt_locked(run).await?;
-                Err(OpError::Superseded {
-                    run_id: run_id.to_owned(),
-                    by: owner,
-                })
+        let path = run.paths().manifest.clone();
+        let saved = blocking(move || Ok(runfiles::read_manifest(&path))).await?;
+        let shown = run.paths().manifest.display();
+        match saved {
+            SavedManifest::Missing => Err(RunFilesError::NoManifest(format!(
+                "run {run_id} has no manifest at {shown}: nothing is changed beside it"
+            ))
+            .into()),
+            SavedManifest::Unreadable(reason) => Err(RunFilesError::ManifestUnreadable(format!(
+                "Cannot read recovery manifest {shown}: {reason}"
+            ))
+            .into()),
+            SavedManifest::Read(manifest) => {
+                self.check_not_superseded(run, run_id, &manifest).await
             }
-            _ => Ok(()),
         }
+    }
+
+    /// Refuses `run_id` when the manifest at its output names another run (which is adopted).
+    async fn check_not_superseded(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        manifest: &RunManifest,
+    ) -> Result<(), OpError> {
+        if manifest.run_id == run_id {
+            return Ok(());
+        }
+        self.adopt_locked(run).await?;
+        Err(OpError::Superseded {
+            run_id: run_id.to_owned(),
+            by: manifest.run_id.clone(),
+        })
     }
 
     /// Refuses unless `lease_id` holds the run now (checked inside the section, so the lease
@@ -643,13 +659,12 @@ impl Registry {
     ) -> Result<CreatedRun, OpError> {
         let paths = run.paths().clone();
         let seconds = self.clock().now().unix_timestamp();
-        let (work_paths, rows, replace) = (
-            paths.clone(),
-            prepared.materialized.clone(),
-            prepared.replace,
-        );
-        let existing =
-            blocking(move || publish_files(&work_paths, rows.as_deref(), replace, seconds)).await?;
+        let (work_paths, rows) = (paths.clone(), prepared.materialized.clone());
+        let replacing = prepared.replace.then(|| prepared.manifest.run_id.clone());
+        let existing = blocking(move || {
+            publish_files(&work_paths, rows.as_deref(), replacing.as_deref(), seconds)
+        })
+        .await?;
         let moved = match existing {
             Existing::Run => {
                 let adopted = self.adopt_locked(run).await?;
@@ -675,6 +690,15 @@ impl Registry {
             })
             .await?;
             return Err(e.into());
+        }
+        if !moved.is_empty() {
+            // Published: the replacement stands (a crash before this is completed at start-up).
+            let intent = paths.replace_intent.clone();
+            blocking(move || {
+                std::fs::remove_file(&intent)
+                    .map_err(|e| io_failure("completing the replacement", e))
+            })
+            .await?;
         }
         let replaced: Vec<String> = moved
             .iter()
@@ -708,11 +732,15 @@ impl Registry {
         policy: &DriftPolicy,
         digest: &mut ResumeDigest,
     ) -> Result<Resumed, OpError> {
-        self.check_owner(run, run_id).await?;
         let paths = run.paths().clone();
         let allow_unsafe = request.allow_unsafe;
         let caches = self.caches().clone();
         let (saved, current) = blocking(move || current_run(&caches, &paths, &request)).await?;
+        // A missing or unreadable manifest is the verdict's to answer (a legacy import
+        // included); another run's manifest is never validated against.
+        if let SavedManifest::Read(manifest) = &saved.manifest {
+            self.check_not_superseded(run, run_id, manifest).await?;
+        }
         digest.0 = current.as_ref().map(|c| c.config.config_digest.clone());
         let config_digest = digest.0.clone().unwrap_or_default();
         let resumed = |outcome, manifest: Option<Value>| Resumed {
@@ -910,10 +938,26 @@ fn movable(paths: &SidecarPaths) -> [&PathBuf; 11] {
     ]
 }
 
+/// A replacement under way, written before anything moves (`<stem>_replace_intent.json`).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct ReplaceIntent {
+    /// The output replaced.
+    pub output: PathBuf,
+    /// The run that will own the output once its manifest is published.
+    pub new_run_id: String,
+    /// Companions moved aside: (from, to).
+    pub moves: Vec<(PathBuf, PathBuf)>,
+}
+
 /// Moves every existing companion aside under one suffix that no existing file carries
 /// (`.replaced-<unix seconds>`, then `-2`, `-3`, ...), so a saved result is never overwritten.
-/// Returns the (from, to) pairs moved; on error, what was moved is moved back.
-fn move_aside(paths: &SidecarPaths, seconds: i64) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
+/// The plan is journalled first ([`ReplaceIntent`]) so a crash midway is undone at the next
+/// start. Returns the (from, to) pairs moved; on error, what was moved is moved back.
+fn move_aside(
+    paths: &SidecarPaths,
+    seconds: i64,
+    new_run_id: &str,
+) -> std::io::Result<Vec<(PathBuf, PathBuf)>> {
     let target = |path: &Path, suffix: &str| PathBuf::from(format!("{}{suffix}", path.display()));
     let suffix = (1..)
         .map(|n| match n {
@@ -926,23 +970,63 @@ fn move_aside(paths: &SidecarPaths, seconds: i64) -> std::io::Result<Vec<(PathBu
                 .all(|p| std::fs::symlink_metadata(target(p, suffix)).is_err())
         })
         .unwrap_or_default();
+    let planned: Vec<(PathBuf, PathBuf)> = movable(paths)
+        .into_iter()
+        .filter(|p| p.exists())
+        .map(|p| (p.clone(), target(p, &suffix)))
+        .collect();
+    let intent = ReplaceIntent {
+        output: paths.output.clone(),
+        new_run_id: new_run_id.to_owned(),
+        moves: planned.clone(),
+    };
+    let text = serde_json::to_vec(&intent).map_err(std::io::Error::other)?;
+    recovery_sidecar::atomic_write(&paths.replace_intent, &text, None)?;
     let mut moved = Vec::new();
-    for path in movable(paths).into_iter().filter(|p| p.exists()) {
-        let to = target(path, &suffix);
-        if let Err(e) = std::fs::rename(path, &to) {
+    for (from, to) in planned {
+        if let Err(e) = std::fs::rename(&from, &to) {
             move_back(&moved);
             return Err(e);
         }
-        moved.push((path.clone(), to));
+        moved.push((from, to));
     }
     Ok(moved)
+}
+
+/// Finishes or undoes a replacement a crash interrupted: when the new run's manifest was
+/// published the replacement stands; otherwise everything it wrote is removed and the old run's
+/// files are moved back. Either way the intent is removed. Returns whether it rolled back.
+pub fn recover_replacement(paths: &SidecarPaths) -> std::io::Result<Option<bool>> {
+    let intent: ReplaceIntent = match std::fs::read(&paths.replace_intent) {
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let published = std::fs::read(&paths.manifest)
+        .ok()
+        .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
+        .is_some_and(|m| m.run_id == intent.new_run_id);
+    if !published {
+        // Nothing acknowledged the new run: what it wrote goes, the old run comes back. The new
+        // run writes only once every move is done; before that, only moved files come back.
+        if intent.moves.iter().all(|(_, to)| to.exists()) {
+            for path in movable(paths) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        move_back(&intent.moves);
+    }
+    std::fs::remove_file(&paths.replace_intent)?;
+    Ok(Some(!published))
 }
 
 /// Undoes [`move_aside`] (best effort: every move that can be undone is).
 fn move_back(moved: &[(PathBuf, PathBuf)]) {
     for (from, to) in moved.iter().rev() {
-        let _ = std::fs::remove_file(from);
-        let _ = std::fs::rename(to, from);
+        if to.exists() {
+            let _ = std::fs::remove_file(from);
+            let _ = std::fs::rename(to, from);
+        }
     }
 }
 
@@ -1072,9 +1156,11 @@ enum Existing {
 fn publish_files(
     paths: &SidecarPaths,
     rows: Option<&[u8]>,
-    replace: bool,
+    replace: Option<&str>,
     seconds: i64,
 ) -> Result<Existing, OpError> {
+    let new_run_id = replace;
+    let replace = new_run_id.is_some();
     let exists = paths.manifest.exists();
     if exists && !replace {
         return Ok(Existing::Run);
@@ -1088,10 +1174,11 @@ fn publish_files(
             run_id: None,
         });
     }
-    let moved = if replace {
-        move_aside(paths, seconds).map_err(|e| io_failure("moving the old run aside", e))?
-    } else {
-        Vec::new()
+    let moved = match new_run_id {
+        Some(id) => {
+            move_aside(paths, seconds, id).map_err(|e| io_failure("moving the old run aside", e))?
+        }
+        None => Vec::new(),
     };
     let publish = || -> std::io::Result<()> {
         if let Some(parent) = paths.output.parent() {
@@ -1128,6 +1215,7 @@ fn publish_files(
         Ok(()) => Ok(Existing::Replaced(moved)),
         Err(e) => {
             move_back(&moved);
+            let _ = std::fs::remove_file(&paths.replace_intent);
             Err(io_failure("publishing the run's files", e))
         }
     }
@@ -1142,4 +1230,5 @@ fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, Path
         let _ = std::fs::remove_file(&paths.materialized);
     }
     move_back(moved);
+    let _ = std::fs::remove_file(&paths.replace_intent);
 }

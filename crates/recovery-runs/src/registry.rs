@@ -445,6 +445,49 @@ impl Registry {
         .await
     }
 
+    /// Finishes or undoes every replacement a crash interrupted under the roots (see
+    /// [`crate::operations::recover_replacement`]); call before [`Self::reindex`] at start-up.
+    /// Returns the outputs whose replacement was rolled back or completed.
+    pub async fn recover_replacements(&self) -> Result<Vec<(PathBuf, bool)>, RegistryError> {
+        let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
+        blocking(move || {
+            let mut recovered = Vec::new();
+            for root in &roots {
+                for entry in walkdir::WalkDir::new(root)
+                    .follow_links(false)
+                    .into_iter()
+                    .filter_map(Result::ok)
+                {
+                    let name = entry.file_name().to_string_lossy();
+                    let Some(stem) = name.strip_suffix("_replace_intent.json") else {
+                        continue;
+                    };
+                    let intent: Option<crate::operations::ReplaceIntent> =
+                        std::fs::read(entry.path())
+                            .ok()
+                            .and_then(|b| serde_json::from_slice(&b).ok());
+                    let output = intent.map_or_else(
+                        || {
+                            output_for_manifest(
+                                &entry.path().with_file_name(format!("{stem}_manifest.json")),
+                            )
+                        },
+                        |i| i.output,
+                    );
+                    let paths = SidecarPaths::for_output(&output);
+                    // Reported, never fatal: the service always starts.
+                    match crate::operations::recover_replacement(&paths) {
+                        Ok(Some(rolled_back)) => recovered.push((output, rolled_back)),
+                        Ok(None) => {}
+                        Err(e) => tracing::warn!(intent = %entry.path().display(), error = %e, "an interrupted replacement could not be recovered; left as it is"),
+                    }
+                }
+            }
+            Ok(recovered)
+        })
+        .await
+    }
+
     /// Brings the database up to date with every sidecar under the roots.
     pub async fn reindex(&self) -> Result<ReindexReport, RegistryError> {
         let roots: Vec<PathBuf> = self.confinement.roots().to_vec();

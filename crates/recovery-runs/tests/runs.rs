@@ -663,3 +663,140 @@ fn a_cached_derivation_is_reused_until_the_file_changes_in_any_way() {
         "a missing file is never served from the cache"
     );
 }
+
+#[tokio::test]
+async fn a_replacement_a_crash_interrupted_is_undone_or_completed_at_the_next_start() {
+    use recovery_runs::operations::ReplaceIntent;
+    struct Case {
+        name: &'static str,
+        moved: bool,
+        new_manifest: bool,
+        old_files_back: bool,
+    }
+    let cases = [
+        Case {
+            name: "killed after the intent, before any move",
+            moved: false,
+            new_manifest: false,
+            old_files_back: true,
+        },
+        Case {
+            name: "killed after the moves, before the new manifest",
+            moved: true,
+            new_manifest: false,
+            old_files_back: true,
+        },
+        Case {
+            name: "killed after the new manifest, before the database",
+            moved: true,
+            new_manifest: true,
+            old_files_back: false,
+        },
+    ];
+    for case in cases {
+        let root = tempfile::tempdir().expect("root");
+        let store = sqlite_store(root.path()).await;
+        let registry = Registry::new(
+            store,
+            Confinement::new([root.path().to_owned()]).expect("root"),
+            Arc::new(SystemClock),
+            "test",
+        );
+        let paths = registry
+            .paths_for(&root.path().join("x/out.jsonl"))
+            .expect("paths");
+        std::fs::create_dir_all(paths.output.parent().expect("dir")).expect("dir");
+        let old = RunManifest::create("aa".repeat(16), "s", "m", "c", Some(3));
+        let old_files = [
+            (&paths.output, "{\"saved\": \"old result\"}\n".to_owned()),
+            (
+                &paths.materialized,
+                "{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0}\n".to_owned(),
+            ),
+            (&paths.manifest, old.to_pretty_json().expect("json")),
+        ];
+        for (path, text) in &old_files {
+            std::fs::write(path, text).expect("old file");
+        }
+        let new_run_id = "bb".repeat(16);
+        let moves: Vec<(std::path::PathBuf, std::path::PathBuf)> = old_files
+            .iter()
+            .map(|(p, _)| {
+                (
+                    (*p).clone(),
+                    std::path::PathBuf::from(format!("{}.replaced-1", p.display())),
+                )
+            })
+            .collect();
+        let intent = ReplaceIntent {
+            output: paths.output.clone(),
+            new_run_id: new_run_id.clone(),
+            moves: moves.clone(),
+        };
+        std::fs::write(
+            &paths.replace_intent,
+            serde_json::to_vec(&intent).expect("json"),
+        )
+        .expect("intent");
+        if case.moved {
+            for (from, to) in &moves {
+                std::fs::rename(from, to).expect("move");
+            }
+            std::fs::write(&paths.materialized, "{\"new\": 1}\n").expect("new rows");
+            std::fs::write(&paths.output, "").expect("new output");
+        }
+        if case.new_manifest {
+            let new = RunManifest::create(new_run_id.clone(), "s", "m2", "c", Some(3));
+            std::fs::write(&paths.manifest, new.to_pretty_json().expect("json"))
+                .expect("new manifest");
+        }
+        let recovered = registry.recover_replacements().await.expect("recover");
+        assert_eq!(
+            recovered,
+            [(paths.output.clone(), case.old_files_back)],
+            "{}",
+            case.name
+        );
+        assert!(
+            !paths.replace_intent.exists(),
+            "{}: the intent is gone",
+            case.name
+        );
+        for ((path, text), (_, aside)) in old_files.iter().zip(&moves) {
+            if case.old_files_back {
+                assert_eq!(
+                    &std::fs::read_to_string(path).expect("back"),
+                    text,
+                    "{}: {} is the old run's again",
+                    case.name,
+                    path.display()
+                );
+                assert!(!aside.exists(), "{}", case.name);
+            } else {
+                assert_eq!(
+                    &std::fs::read_to_string(aside).expect("aside"),
+                    text,
+                    "{}: the old run stays aside",
+                    case.name
+                );
+            }
+        }
+        let report = registry.reindex().await.expect("reindex");
+        let owner = if case.old_files_back {
+            old.run_id.clone()
+        } else {
+            new_run_id.clone()
+        };
+        assert_eq!(
+            registry
+                .store()
+                .find_run_by_output(&paths.output.display().to_string())
+                .await
+                .expect("find")
+                .map(|r| r.run_id),
+            Some(owner),
+            "{}: {report:?}",
+            case.name
+        );
+    }
+}

@@ -211,6 +211,14 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
             "removed temporaries left by an interrupted atomic write"
         );
     }
+    for (output, rolled_back) in registry.recover_replacements().await? {
+        let outcome = if rolled_back {
+            "rolled back"
+        } else {
+            "completed"
+        };
+        tracing::warn!(output = %output.display(), outcome, "recovered a replacement a crash interrupted");
+    }
     let report = registry.reindex().await?;
     tracing::info!(
         manifests = report.manifests,

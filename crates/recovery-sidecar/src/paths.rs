@@ -75,22 +75,31 @@ impl Confinement {
             return Err(PathError::NoFileName(requested.to_owned()));
         }
         // Resolve the longest existing prefix; the rest does not exist, so it holds no symlink.
+        // A component that vanishes meanwhile (a replacement renaming the output) moves the
+        // prefix up instead of failing.
         let mut existing = absolute.clone();
         let mut missing: Vec<OsString> = Vec::new();
-        while !existing.exists() {
-            let Some(name) = existing.file_name() else {
-                break;
-            };
-            missing.push(name.to_owned());
-            if !existing.pop() {
-                break;
+        let mut resolved = loop {
+            match std::fs::canonicalize(&existing) {
+                Ok(resolved) => break resolved,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    let Some(name) = existing.file_name().map(OsString::from) else {
+                        return Err(PathError::Unresolvable {
+                            path: requested.to_owned(),
+                            source: e,
+                        });
+                    };
+                    missing.push(name);
+                    existing.pop();
+                }
+                Err(source) => {
+                    return Err(PathError::Unresolvable {
+                        path: requested.to_owned(),
+                        source,
+                    });
+                }
             }
-        }
-        let mut resolved =
-            std::fs::canonicalize(&existing).map_err(|source| PathError::Unresolvable {
-                path: requested.to_owned(),
-                source,
-            })?;
+        };
         for name in missing.iter().rev() {
             resolved.push(name);
         }
@@ -125,11 +134,14 @@ pub struct SidecarPaths {
     /// The superseded draft dispatch journal, whose presence refuses a resume.
     pub draft_journal: PathBuf,
     pub aggregate_metrics: PathBuf,
+    /// The service's record of a replacement under way (removed when it completes), so a
+    /// replacement a crash interrupted is rolled back or completed at the next start.
+    pub replace_intent: PathBuf,
 }
 
 /// The suffixes of every companion named after an output's stem (an output whose name ends with
 /// one of these, beside that stem's manifest, is another run's companion).
-pub const COMPANION_SUFFIXES: [&str; 13] = [
+pub const COMPANION_SUFFIXES: [&str; 14] = [
     "_failures.jsonl",
     "_materialized_inputs.jsonl",
     "_manifest.json",
@@ -143,6 +155,7 @@ pub const COMPANION_SUFFIXES: [&str; 13] = [
     "_failure_classification.json",
     "_attempts.jsonl",
     "_aggregate_metrics.json",
+    "_replace_intent.json",
 ];
 
 /// `Path.stem`: the file name without its last extension (a leading dot is not an extension).
@@ -187,6 +200,7 @@ impl SidecarPaths {
             classification_policy: companion(output, "_failure_classification.json"),
             draft_journal: companion(output, "_attempts.jsonl"),
             aggregate_metrics: companion(output, "_aggregate_metrics.json"),
+            replace_intent: companion(output, "_replace_intent.json"),
         }
     }
 }

@@ -206,23 +206,18 @@ impl Store {
     /// one transaction: another run recorded for the same output path is marked superseded by
     /// this one (kept in history under a suffixed path); returns that run's id.
     pub async fn upsert_run(&self, run: &RunRecord) -> Result<Option<String>, StoreError> {
+        // The first statement writes: a transaction that reads first would have to upgrade its
+        // SQLite snapshot to write, which fails (BUSY_SNAPSHOT) under concurrent writers instead
+        // of waiting.
         let mut transaction = self.pool.begin().await?;
-        let previous: Option<String> =
-            sqlx::query_scalar("SELECT run_id FROM runs WHERE output_path = $1 AND run_id <> $2")
-                .bind(&run.output_path)
-                .bind(&run.run_id)
-                .fetch_optional(&mut *transaction)
-                .await?;
-        if let Some(previous) = &previous {
-            sqlx::query(
-                "UPDATE runs SET output_path = output_path || $1, superseded_by = $2 WHERE run_id = $3",
-            )
-            .bind(format!("#superseded-by-{}", run.run_id))
-            .bind(&run.run_id)
-            .bind(previous)
-            .execute(&mut *transaction)
-            .await?;
-        }
+        let previous: Option<String> = sqlx::query_scalar(
+            "UPDATE runs SET output_path = output_path || '#superseded-by-' || $2, superseded_by = $2 \
+             WHERE output_path = $1 AND run_id <> $2 RETURNING run_id",
+        )
+        .bind(&run.output_path)
+        .bind(&run.run_id)
+        .fetch_optional(&mut *transaction)
+        .await?;
         sqlx::query(
             "INSERT INTO runs (run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
              identity_overridden, max_rollout_attempts, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
@@ -620,28 +615,36 @@ impl Store {
     /// Takes the run's lease when none is live (none recorded, or expired at `now`); returns the
     /// lease that holds afterwards, which is `lease` only when it was granted.
     pub async fn try_acquire_lease(&self, lease: &Lease, now: &str) -> Result<Lease, StoreError> {
-        sqlx::query(
-            "INSERT INTO leases (run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id) DO UPDATE SET lease_id = excluded.lease_id, \
-             holder = excluded.holder, host = excluded.host, pid = excluded.pid, acquired_at = excluded.acquired_at, \
-             renewed_at = excluded.renewed_at, expires_at = excluded.expires_at, replica = excluded.replica \
-             WHERE leases.expires_at <= $10",
-        )
-        .bind(&lease.run_id)
-        .bind(&lease.lease_id)
-        .bind(&lease.holder)
-        .bind(&lease.host)
-        .bind(lease.pid)
-        .bind(&lease.acquired_at)
-        .bind(&lease.renewed_at)
-        .bind(&lease.expires_at)
-        .bind(&lease.replica)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        self.get_lease(&lease.run_id)
-            .await?
-            .ok_or_else(|| StoreError::Database(sqlx::Error::RowNotFound))
+        // Insert (or take over an expired lease) in one statement; when a live lease keeps the
+        // run, answer it. A lease released between the two is retried, never an error.
+        for _ in 0..8 {
+            let granted: Option<String> = sqlx::query_scalar(
+                "INSERT INTO leases (run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (run_id) DO UPDATE SET lease_id = excluded.lease_id, \
+                 holder = excluded.holder, host = excluded.host, pid = excluded.pid, acquired_at = excluded.acquired_at, \
+                 renewed_at = excluded.renewed_at, expires_at = excluded.expires_at, replica = excluded.replica \
+                 WHERE leases.expires_at <= $10 RETURNING lease_id",
+            )
+            .bind(&lease.run_id)
+            .bind(&lease.lease_id)
+            .bind(&lease.holder)
+            .bind(&lease.host)
+            .bind(lease.pid)
+            .bind(&lease.acquired_at)
+            .bind(&lease.renewed_at)
+            .bind(&lease.expires_at)
+            .bind(&lease.replica)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?;
+            if granted.as_deref() == Some(lease.lease_id.as_str()) {
+                return Ok(lease.clone());
+            }
+            if let Some(holder) = self.get_lease(&lease.run_id).await? {
+                return Ok(holder);
+            }
+        }
+        Err(StoreError::Database(sqlx::Error::RowNotFound))
     }
 
     pub async fn get_lease(&self, run_id: &str) -> Result<Option<Lease>, StoreError> {
@@ -692,9 +695,10 @@ impl Store {
 
     /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
     pub async fn replace_lease(&self, lease: &Lease) -> Result<Option<Lease>, StoreError> {
+        // Write first (see `upsert_run`): the delete returns the lease it ended.
         let mut tx = self.pool.begin().await?;
         let sql = format!(
-            "SELECT {} FROM leases WHERE run_id = $1",
+            "DELETE FROM leases WHERE run_id = $1 RETURNING {}",
             Self::LEASE_COLUMNS
         );
         let previous = sqlx::query(&sql)
@@ -702,10 +706,6 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
         let previous = previous.as_ref().map(Self::lease_from_row).transpose()?;
-        sqlx::query("DELETE FROM leases WHERE run_id = $1")
-            .bind(&lease.run_id)
-            .execute(&mut *tx)
-            .await?;
         sqlx::query(
             "INSERT INTO leases (run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
