@@ -13,6 +13,9 @@ const OPERATOR: &str = "operator-token-0123456789";
 const COLLECTOR: &str = "collector-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
 
+#[path = "cli/chaos.rs"]
+mod chaos;
+
 struct Server {
     child: Child,
     url: String,

@@ -1,0 +1,1573 @@
+//! Real-binary proofs of the per-run critical section: concurrent clients while the service is
+//! SIGKILLed and restarted lose no acknowledged change, and two service processes on one
+//! PostgreSQL database hand out each execution number once.
+
+use super::{BIN, COLLECTOR, OPERATOR, Server, VIEWER, config, global, prepare};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Rows (rollouts `0-0` .. `19-0`) of every chaos run.
+const ROWS: u64 = 20;
+/// Runs the chaos clients share.
+const RUNS: usize = 3;
+/// Client tasks.
+const CLIENTS: usize = 6;
+/// SIGKILLs (each followed by a restart).
+const KILLS: usize = 12;
+/// How long a client waits for a killed service to answer again.
+const COME_BACK: Duration = Duration::from_secs(20);
+
+/// A tiny seeded xorshift64 generator (no new crates).
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        // splitmix64 of the seed: nearby seeds give unrelated streams, never the zero state.
+        let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Self((z ^ (z >> 31)) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+
+    fn between_ms(&mut self, low: u64, high: u64) -> Duration {
+        Duration::from_millis(low + self.below(high - low + 1))
+    }
+}
+
+/// The seed: `RR_CHAOS_SEED` when set (to replay a run), else the clock. Printed either way.
+fn seed() -> u64 {
+    let seed = std::env::var("RR_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| {
+            let nanos = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("clock")
+                .as_nanos();
+            (nanos as u64) ^ u64::from(std::process::id())
+        });
+    eprintln!("chaos seed: {seed} (RR_CHAOS_SEED={seed} replays its choices, not its timing)");
+    seed
+}
+
+impl Server {
+    /// Starts `serve` on `port` (a free one when `None`) with extra environment, its stderr
+    /// appended to `log`; returns once it accepts connections, and fails at once when it exits.
+    fn start_with(
+        data: &Path,
+        root: &Path,
+        port: Option<u16>,
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Self {
+        let port = port.unwrap_or_else(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .expect("port")
+                .local_addr()
+                .expect("addr")
+                .port()
+        });
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .expect("log file");
+        let mut command = Command::new(BIN);
+        command
+            .args([
+                "serve",
+                "--bind",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .arg("--root")
+            .arg(root)
+            .env(
+                "RR_TOKENS",
+                format!("operator:alice:{OPERATOR},collector:c1:{COLLECTOR},viewer:dash:{VIEWER}"),
+            )
+            // Warnings, and the start-up report of removed temporaries.
+            .env("RR_LOG", "warn,recovery_server=info")
+            .env("RR_LOG_FORMAT", "json")
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("serve");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().expect("child status") {
+                panic!(
+                    "the service exited before listening ({status}): {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Self {
+                    child,
+                    url: format!("http://127.0.0.1:{port}"),
+                };
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the service did not start listening on {port}"
+            );
+            // Polling for readiness, not standing in for it.
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL (no drain, no lease release), then reap.
+    fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    fn port(&self) -> u16 {
+        self.url
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port in url")
+    }
+}
+
+/// Percent-encodes a query value.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The id the service derives for a journal line (`recovery_runs::events::line_id`).
+fn line_id(run_id: &str, journal: &str, offset: u64, bytes: &[u8]) -> String {
+    let mut text = format!("{run_id}\n{journal}\n{offset}\n").into_bytes();
+    text.extend_from_slice(bytes);
+    recovery_core::canonical::sha256_hex(&text)[..32].to_owned()
+}
+
+/// The complete lines of a journal with their byte offsets (a missing file has none).
+fn journal_lines(path: &Path) -> Vec<(u64, Vec<u8>)> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+        Err(e) => panic!("reading {}: {e}", path.display()),
+    };
+    let mut lines = Vec::new();
+    let mut offset = 0u64;
+    let mut rest = bytes.as_slice();
+    while let Some(end) = rest.iter().position(|b| *b == b'\n') {
+        lines.push((offset, rest[..end].to_vec()));
+        offset += end as u64 + 1;
+        rest = &rest[end + 1..];
+    }
+    lines
+}
+
+/// The derived ids of a journal's lines, checking each line names `run_id` when it has the field.
+fn journal_ids(path: &Path, run_id: &str, journal: &str) -> BTreeSet<String> {
+    journal_lines(path)
+        .into_iter()
+        .map(|(offset, bytes)| {
+            let line: Value = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!("{}@{offset} is not JSON: {e}", path.display());
+            });
+            if let Some(named) = line.get("run_id") {
+                assert_eq!(
+                    named.as_str(),
+                    Some(run_id),
+                    "{}@{offset} belongs to its manifest's run",
+                    path.display()
+                );
+            }
+            line_id(run_id, journal, offset, &bytes)
+        })
+        .collect()
+}
+
+fn code(reply: &Value) -> &str {
+    reply["code"].as_str().unwrap_or_default()
+}
+
+/// The collector's failure line of attempt `attempt` of rollout `task`-0 in run `run_id` (a
+/// re-judgment's predecessor).
+fn failure_line(run_id: &str, task: u64, attempt: i64) -> String {
+    json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt, "_ng_run_id": run_id, "_ng_failure_class": "judge_failed"}).to_string()
+}
+
+fn chaos_rows() -> Value {
+    (0..ROWS)
+        .map(|t| json!({"agent_ref": {"name": "agent"}, "_ng_task_index": t, "_ng_rollout_index": 0}))
+        .collect()
+}
+
+/// One output the clients share, and the run that owns it now.
+#[derive(Debug)]
+struct Slot {
+    output: PathBuf,
+    run_id: String,
+}
+
+/// What the service acknowledged with a 2xx.
+#[derive(Debug, Default)]
+struct Acks {
+    /// (run, rollout, execution number).
+    reservations: Vec<(String, String, i64)>,
+    /// (run, drift event id).
+    drift: Vec<(String, String)>,
+    /// (run, extension event id).
+    extensions: Vec<(String, String)>,
+    /// (run, attempt key, operation id).
+    admitted: Vec<(String, String, String)>,
+    /// Operation ids whose close was acknowledged.
+    closed: BTreeSet<String>,
+    /// Operation ids whose close got no answer (closed or not).
+    close_unknown: BTreeSet<String>,
+    /// (superseded run, the run found on disk after it).
+    superseded: Vec<(String, String)>,
+    replaces: usize,
+}
+
+#[derive(Debug)]
+struct Chaos {
+    client: reqwest::Client,
+    url: RwLock<String>,
+    root: PathBuf,
+    slots: Vec<Mutex<Slot>>,
+    /// Serialises the test's replacements and its failure-file writes with slot switches.
+    switch: tokio::sync::Mutex<()>,
+    acks: Mutex<Acks>,
+    unexpected: Mutex<Vec<String>>,
+    stop: AtomicBool,
+}
+
+type Reply = Option<(u16, Value)>;
+
+impl Chaos {
+    fn url(&self) -> String {
+        self.url.read().expect("url").clone()
+    }
+
+    fn acks(&self) -> std::sync::MutexGuard<'_, Acks> {
+        self.acks.lock().expect("acks")
+    }
+
+    fn run_id(&self, slot: usize) -> String {
+        self.slots[slot].lock().expect("slot").run_id.clone()
+    }
+
+    fn output(&self, slot: usize) -> PathBuf {
+        self.slots[slot].lock().expect("slot").output.clone()
+    }
+
+    /// One request to whichever service runs now; `None` when the connection failed (the
+    /// change may or may not have happened).
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+    ) -> Reply {
+        let mut request = self
+            .client
+            .request(method, format!("{}{path}", self.url()))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.ok()?;
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.ok()?;
+        Some((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// Polls until a service answers `/healthz` (short back-offs while it is down).
+    async fn wait_up(&self) {
+        let deadline = Instant::now() + COME_BACK;
+        loop {
+            if let Some((200, _)) = self
+                .send(reqwest::Method::GET, "/healthz", VIEWER, None)
+                .await
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the service did not come back within {COME_BACK:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    }
+
+    /// Sends until an answer arrives (only for requests that are safe to repeat).
+    async fn send_answered(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        for _ in 0..20 {
+            if let Some(reply) = self.send(method.clone(), path, token, body).await {
+                return reply;
+            }
+            self.wait_up().await;
+        }
+        panic!("{method} {path} got no answer in 20 tries");
+    }
+
+    fn unexpected(&self, what: &str, path: &str, body: Option<&Value>, status: u16, reply: &Value) {
+        let body = body.map(Value::to_string).unwrap_or_default();
+        self.unexpected
+            .lock()
+            .expect("unexpected")
+            .push(format!("{what}: {path} {body} -> {status} {reply}"));
+    }
+
+    /// Appends a failure line of run `run_id` to the failures sidecar of the slot's output, as
+    /// the lease holder's collector does after a failed judge call; `false` (nothing written)
+    /// when the output belongs to another run now. Under the switch lock: the test replaces no
+    /// run meanwhile, and a line never lands in another run's sidecar.
+    async fn append_failure(&self, slot: usize, run_id: &str, line: &str) -> bool {
+        let _switch = self.switch.lock().await;
+        if self.run_id(slot) != run_id {
+            return false;
+        }
+        let failures = recovery_sidecar::SidecarPaths::for_output(&self.output(slot)).failures;
+        match std::fs::OpenOptions::new().append(true).open(&failures) {
+            Ok(mut file) => {
+                std::io::Write::write_all(&mut file, format!("{line}\n").as_bytes())
+                    .expect("append");
+                true
+            }
+            // Only a run that lost its files (see `refused`) has no failures sidecar.
+            Err(e) => {
+                self.unexpected(
+                    &format!("{} of run {run_id}: {e}", failures.display()),
+                    "",
+                    None,
+                    0,
+                    &Value::Null,
+                );
+                false
+            }
+        }
+    }
+
+    /// Switches a slot to the run its output holds on disk now (the one the service adopts).
+    /// Under the switch lock: no replacement of the test runs meanwhile.
+    async fn refresh_slot(&self, slot: usize) {
+        let output = self.output(slot);
+        let path = format!(
+            "/runs?output_path={}",
+            encode(&output.display().to_string())
+        );
+        // The slot must learn the truth before the switch lock is released (a collector line
+        // written under a stale run id would corrupt the new run's failures sidecar).
+        let mut found = None;
+        for _ in 0..50 {
+            let (status, reply) = self
+                .send_answered(reqwest::Method::GET, &path, VIEWER, None)
+                .await;
+            match reply["runs"][0]["run_id"].as_str() {
+                Some(run_id) if status == 200 => {
+                    found = Some(run_id.to_owned());
+                    break;
+                }
+                _ => {
+                    self.unexpected("lookup", &path, None, status, &reply);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        let current = found.unwrap_or_else(|| panic!("{path} never answered its run"));
+        let current = current.as_str();
+        let previous = self.run_id(slot);
+        if current == previous {
+            return;
+        }
+        self.slots[slot].lock().expect("slot").run_id = current.to_owned();
+        self.acks()
+            .superseded
+            .push((previous.clone(), current.to_owned()));
+        let path = format!("/runs/{previous}");
+        let (status, reply) = self
+            .send_answered(reqwest::Method::GET, &path, VIEWER, None)
+            .await;
+        if (status, code(&reply)) != (409, "run_superseded")
+            || reply["details"]["superseded_by"].as_str().is_none()
+        {
+            self.unexpected("superseded run", &path, None, status, &reply);
+        }
+    }
+
+    /// An operator replaces the slot's run (then the slot follows the run on disk).
+    async fn replace(&self, slot: usize) {
+        let _switch = self.switch.lock().await;
+        let output = self.output(slot);
+        let body = json!({"output_path": output, "source_path": self.root.join("src/train.jsonl"), "config": config(0.3),
+            "global_config": global(8000), "rows": chaos_rows(), "replace": true});
+        match self
+            .send(reqwest::Method::POST, "/runs", OPERATOR, Some(&body))
+            .await
+        {
+            None => self.wait_up().await,
+            Some((201, reply)) => {
+                self.acks().replaces += 1;
+                if reply["replaced"].as_array().is_none_or(Vec::is_empty) {
+                    self.unexpected("replace moved nothing", "/runs", None, 201, &reply);
+                }
+            }
+            Some((status, reply)) => self.unexpected("replace", "/runs", None, status, &reply),
+        }
+        self.refresh_slot(slot).await;
+    }
+
+    /// A client saw the slot's run superseded: follow the output to its run now.
+    async fn follow(&self, slot: usize, run_id: &str) {
+        let _switch = self.switch.lock().await;
+        if self.run_id(slot) == run_id {
+            self.refresh_slot(slot).await;
+        }
+    }
+
+    async fn extend(&self, slot: usize) {
+        let run_id = self.run_id(slot);
+        let path = format!("/runs/{run_id}/attempts/extend");
+        let body = json!({"extend_attempts": 1, "reason": "chaos"});
+        match self
+            .send(reqwest::Method::POST, &path, OPERATOR, Some(&body))
+            .await
+        {
+            None => self.wait_up().await,
+            Some((201, reply)) => {
+                let id = reply["event_id"].as_str().expect("event id").to_owned();
+                if reply["run_id"].as_str() != Some(run_id.as_str()) {
+                    self.unexpected("extension of another run", &path, None, 201, &reply);
+                }
+                self.acks().extensions.push((run_id, id));
+            }
+            Some((409, reply)) if code(&reply) == "run_superseded" => {
+                self.follow(slot, &run_id).await;
+            }
+            Some((423, _)) => {}
+            Some((status, reply)) => self.unexpected("extend", &path, Some(&body), status, &reply),
+        }
+    }
+
+    async fn reindex(&self) {
+        match self
+            .send(reqwest::Method::POST, "/reindex", OPERATOR, None)
+            .await
+        {
+            None => self.wait_up().await,
+            Some((200, _)) => {}
+            Some((status, reply)) => self.unexpected("reindex", "/reindex", None, status, &reply),
+        }
+    }
+
+    /// A lease, a few changes under it, then its release.
+    async fn burst(&self, slot: usize, client: usize, rng: &mut Rng) {
+        let run_id = self.run_id(slot);
+        let path = format!("/runs/{run_id}/lease");
+        let body = json!({"holder": format!("client-{client}"), "host": "chaos", "pid": client, "ttl_seconds": 4});
+        let lease = match self
+            .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
+            .await
+        {
+            None => return self.wait_up().await,
+            Some((201, reply)) => reply["lease_id"].as_str().expect("lease id").to_owned(),
+            Some((423, _)) => {
+                // Held by another client (or an orphan of a killed process until its TTL).
+                tokio::time::sleep(rng.between_ms(5, 30)).await;
+                return;
+            }
+            Some((409, reply)) if code(&reply) == "run_superseded" => {
+                return self.follow(slot, &run_id).await;
+            }
+            Some((status, reply)) => {
+                return self.unexpected("lease", &path, Some(&body), status, &reply);
+            }
+        };
+        for _ in 0..2 + rng.below(6) {
+            let keep = match rng.below(10) {
+                0..=4 => self.reserve(slot, &run_id, &lease, rng).await,
+                5..=7 => self.validate(slot, &run_id, &lease, rng).await,
+                _ => self.heartbeat(&run_id, &lease).await,
+            };
+            if !keep {
+                break;
+            }
+        }
+        let path = format!("/runs/{run_id}/lease");
+        let body = json!({"lease_id": lease});
+        let (status, reply) = self
+            .send_answered(reqwest::Method::DELETE, &path, COLLECTOR, Some(&body))
+            .await;
+        if !(status == 204 || (status == 409 && code(&reply) == "lease_not_held")) {
+            self.unexpected("release", &path, Some(&body), status, &reply);
+        }
+    }
+
+    /// Handles the answers every leased change may give; returns whether the burst goes on.
+    async fn refused(
+        &self,
+        what: &str,
+        slot: usize,
+        run_id: &str,
+        path: &str,
+        body: &Value,
+        reply: Reply,
+    ) -> bool {
+        match reply {
+            None => {
+                self.wait_up().await;
+                true
+            }
+            Some((409, reply)) if code(&reply) == "lease_not_held" => false,
+            Some((409, reply)) if code(&reply) == "run_superseded" => {
+                self.follow(slot, run_id).await;
+                false
+            }
+            Some((423, _)) => false,
+            Some((status, reply)) => {
+                self.unexpected(what, path, Some(body), status, &reply);
+                if ["no_manifest", "manifest_unreadable"].contains(&code(&reply)) {
+                    // The run's output lost its manifest: an operator starts it afresh.
+                    self.replace(slot).await;
+                }
+                false
+            }
+        }
+    }
+
+    async fn reserve(&self, slot: usize, run_id: &str, lease: &str, rng: &mut Rng) -> bool {
+        let ids: BTreeSet<String> = (0..1 + rng.below(3))
+            .map(|_| format!("{}-0", rng.below(ROWS)))
+            .collect();
+        let path = format!("/runs/{run_id}/attempts/reserve");
+        let body = json!({"lease_id": lease, "rollout_ids": ids});
+        let reply = self
+            .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
+            .await;
+        let Some((200, answer)) = &reply else {
+            return self
+                .refused("reserve", slot, run_id, &path, &body, reply)
+                .await;
+        };
+        let attempts: Vec<(String, i64)> = answer["attempts"]
+            .as_object()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|(id, n)| Some((id.clone(), n.as_i64()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if attempts.len() != ids.len() || attempts.iter().any(|(id, _)| !ids.contains(id)) {
+            self.unexpected("reserve answer", &path, Some(&body), 200, answer);
+        }
+        self.acks().reservations.extend(
+            attempts
+                .iter()
+                .map(|(id, n)| (run_id.to_owned(), id.clone(), *n)),
+        );
+        if rng.below(3) == 0
+            && let Some((id, n)) = attempts.first()
+        {
+            return self.rejudge(slot, run_id, lease, id, *n, rng).await;
+        }
+        true
+    }
+
+    /// Saves a failed judge call of a reserved attempt, admits its re-judgment (the failure line
+    /// is the predecessor), sometimes twice (idempotent), and sometimes closes it.
+    async fn rejudge(
+        &self,
+        slot: usize,
+        run_id: &str,
+        lease: &str,
+        rollout: &str,
+        attempt: i64,
+        rng: &mut Rng,
+    ) -> bool {
+        let task: u64 = rollout
+            .split('-')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .expect("task index");
+        let line = failure_line(run_id, task, attempt);
+        if !self.append_failure(slot, run_id, &line).await {
+            return true;
+        }
+        let path = format!("/runs/{run_id}/rejudgments");
+        let body = json!({"lease_id": lease, "rollout_id": rollout, "attempt": attempt,
+            "predecessor_failure_id": format!("f-{rollout}-{attempt}"), "predecessor_line": line});
+        let mut operation: Option<String> = None;
+        for _ in 0..1 + rng.below(2) {
+            let reply = self
+                .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
+                .await;
+            match &reply {
+                Some((201 | 200, answer)) => {
+                    let id = answer["operation_id"]
+                        .as_str()
+                        .expect("operation id")
+                        .to_owned();
+                    if operation.as_ref().is_some_and(|first| *first != id) {
+                        self.unexpected(
+                            "a second admission of one predecessor answered another operation",
+                            &path,
+                            Some(&body),
+                            200,
+                            answer,
+                        );
+                    }
+                    self.acks().admitted.push((
+                        run_id.to_owned(),
+                        format!("{rollout}-a{attempt}"),
+                        id.clone(),
+                    ));
+                    operation = Some(id);
+                }
+                _ => {
+                    return self
+                        .refused("admit", slot, run_id, &path, &body, reply)
+                        .await;
+                }
+            }
+        }
+        let Some(operation) = operation.filter(|_| rng.below(2) == 0) else {
+            return true;
+        };
+        let path = format!("/runs/{run_id}/rejudgments/{operation}/close");
+        let body = json!({"lease_id": lease, "outcome": "graded"});
+        let reply = self
+            .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
+            .await;
+        match &reply {
+            Some((204, _)) => {
+                self.acks().closed.insert(operation);
+                true
+            }
+            None => {
+                self.acks().close_unknown.insert(operation);
+                self.wait_up().await;
+                true
+            }
+            _ => {
+                self.acks().close_unknown.insert(operation);
+                self.refused("close", slot, run_id, &path, &body, reply)
+                    .await
+            }
+        }
+    }
+
+    async fn validate(&self, slot: usize, run_id: &str, lease: &str, rng: &mut Rng) -> bool {
+        let port = 9000 + rng.below(500) as i64;
+        let path = format!("/runs/{run_id}/validate");
+        let body = json!({"config": config(0.3), "global_config": global(port),
+            "source_path": self.root.join("src/train.jsonl"), "lease_id": lease});
+        let reply = self
+            .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
+            .await;
+        match &reply {
+            Some((200, answer)) if answer["outcome"] == "resume_with_drift" => {
+                let id = answer["drift_event_id"]
+                    .as_str()
+                    .expect("drift event id")
+                    .to_owned();
+                if answer["run_id"].as_str() != Some(run_id) {
+                    self.unexpected("validate answered another run", &path, None, 200, answer);
+                }
+                self.acks().drift.push((run_id.to_owned(), id));
+                true
+            }
+            _ => {
+                self.refused("validate", slot, run_id, &path, &body, reply)
+                    .await
+            }
+        }
+    }
+
+    async fn heartbeat(&self, run_id: &str, lease: &str) -> bool {
+        let path = format!("/runs/{run_id}/lease/heartbeat");
+        let body = json!({"lease_id": lease, "ttl_seconds": 4});
+        match self
+            .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
+            .await
+        {
+            None => {
+                self.wait_up().await;
+                true
+            }
+            Some((200, _)) => true,
+            // A restarted service does not hold the killed one's leases.
+            Some((409, reply)) if code(&reply) == "lease_not_held" => false,
+            Some((status, reply)) => {
+                self.unexpected("heartbeat", &path, Some(&body), status, &reply);
+                false
+            }
+        }
+    }
+
+    /// Every page of a drift listing: event id -> run id.
+    async fn drift_listing(&self, path: &str) -> BTreeMap<String, String> {
+        let mut events = BTreeMap::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..100 {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let page_path = match &cursor {
+                Some(c) => format!("{path}{separator}limit=1000&cursor={}", encode(c)),
+                None => format!("{path}{separator}limit=1000"),
+            };
+            let (status, page) = self
+                .send_answered(reqwest::Method::GET, &page_path, VIEWER, None)
+                .await;
+            assert_eq!(status, 200, "{page_path}: {page}");
+            for event in page["events"].as_array().expect("events") {
+                let id = event["event_id"].as_str().expect("event id").to_owned();
+                let run = event["run_id"].as_str().expect("run id").to_owned();
+                assert!(
+                    events.insert(id.clone(), run).is_none(),
+                    "{id} listed twice"
+                );
+            }
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => return events,
+            }
+        }
+        panic!("{path}: more than 100 pages");
+    }
+
+    /// The runs a service records that own their output (not superseded), without times.
+    async fn live_runs(&self) -> BTreeMap<String, Value> {
+        let (status, listed) = self
+            .send_answered(reqwest::Method::GET, "/runs?limit=1000", VIEWER, None)
+            .await;
+        assert_eq!(status, 200, "{listed}");
+        let runs = listed["runs"].as_array().expect("runs");
+        assert!(runs.len() < 1000, "one page holds every run");
+        runs.iter()
+            .filter(|r| r["superseded_by"].is_null())
+            .map(|r| {
+                let mut record = r.clone();
+                let object = record.as_object_mut().expect("record");
+                object.remove("created_at");
+                object.remove("updated_at");
+                (r["run_id"].as_str().expect("run id").to_owned(), record)
+            })
+            .collect()
+    }
+}
+
+/// The extension rows of a service's SQLite database (run id -> event ids), read with
+/// Python's sqlite3 (the tests' Python is required anyway); the service may be running.
+fn extension_rows(db: &Path) -> BTreeMap<String, BTreeSet<String>> {
+    let script = "import json, sqlite3, sys\ncon = sqlite3.connect(sys.argv[1])\nprint(json.dumps(con.execute('SELECT run_id, event_id FROM attempt_extensions').fetchall()))\ncon.close()\n";
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(db)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<(String, String)> = serde_json::from_slice(&out.stdout).expect("rows");
+    let mut by_run: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (run, id) in rows {
+        by_run.entry(run).or_default().insert(id);
+    }
+    by_run
+}
+
+/// What two run -> ids maps disagree on: `(run, id)` only in the database, only in the files.
+fn difference(
+    database: &BTreeMap<String, BTreeSet<String>>,
+    files: &BTreeMap<String, BTreeSet<String>>,
+) -> String {
+    let pairs = |map: &BTreeMap<String, BTreeSet<String>>| -> BTreeSet<(String, String)> {
+        map.iter()
+            .flat_map(|(run, ids)| ids.iter().map(move |id| (run.clone(), id.clone())))
+            .collect()
+    };
+    let (database, files) = (pairs(database), pairs(files));
+    format!(
+        "only in the database {:?}; only in the files {:?}",
+        database.difference(&files).collect::<Vec<_>>(),
+        files.difference(&database).collect::<Vec<_>>()
+    )
+}
+
+/// The error lines the services logged (their stderr files under `logs`).
+fn service_errors(logs: &Path) -> String {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(logs)
+        .expect("logs")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    names.sort();
+    names
+        .iter()
+        .flat_map(|path| {
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            std::fs::read_to_string(path)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains("ERROR"))
+                .map(|l| format!("{}: {l}", name.clone().unwrap_or_default()))
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// How many hidden temporaries the services removed at start-up (their logs say so).
+fn temporaries_removed(logs: &Path) -> usize {
+    std::fs::read_dir(logs)
+        .expect("logs")
+        .filter_map(Result::ok)
+        .flat_map(|e| {
+            std::fs::read_to_string(e.path())
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|line| {
+                    let event: Value = serde_json::from_str(line).ok()?;
+                    let fields = &event["fields"];
+                    let removed = fields["message"]
+                        .as_str()?
+                        .starts_with("removed temporaries")
+                        .then(|| fields["removed"].as_u64())??;
+                    usize::try_from(removed).ok()
+                })
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// A run's manifest on disk (current or moved aside by a replacement) and its journals.
+#[derive(Debug)]
+struct RunOnDisk {
+    manifest: Value,
+    current: bool,
+    drift: PathBuf,
+    extension: PathBuf,
+}
+
+/// Every manifest beside the outputs, current (`out_manifest.json`) or moved aside
+/// (`out_manifest.json.replaced-...`), by run id, with the journals that were moved with it.
+fn runs_on_disk(outputs: &[PathBuf]) -> BTreeMap<String, RunOnDisk> {
+    let mut runs = BTreeMap::new();
+    for output in outputs {
+        let paths = recovery_sidecar::SidecarPaths::for_output(output);
+        let manifest_name = paths
+            .manifest
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        let directory = output.parent().expect("directory");
+        for entry in std::fs::read_dir(directory).expect("run directory") {
+            let name = entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            let Some(suffix) = name.strip_prefix(&manifest_name) else {
+                continue;
+            };
+            if !(suffix.is_empty() || suffix.starts_with(".replaced-")) {
+                continue;
+            }
+            let text = std::fs::read(directory.join(&name)).expect("manifest");
+            let manifest: Value = serde_json::from_slice(&text).expect("manifest json");
+            let run_id = manifest["run_id"].as_str().expect("run id").to_owned();
+            let with = |path: &Path| PathBuf::from(format!("{}{suffix}", path.display()));
+            let found = RunOnDisk {
+                current: suffix.is_empty(),
+                drift: with(&paths.resume_drift),
+                extension: with(&paths.attempt_extension),
+                manifest,
+            };
+            assert!(
+                runs.insert(run_id.clone(), found).is_none(),
+                "run {run_id} has two manifests"
+            );
+        }
+    }
+    runs
+}
+
+/// Hidden temporaries of atomic writes (`.<name>.<32 hex>.tmp`) under `root`, with their mtimes.
+fn temporaries(root: &Path) -> Vec<(PathBuf, SystemTime)> {
+    let mut found = Vec::new();
+    let mut pending = vec![root.to_owned()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("dir").filter_map(Result::ok) {
+            let path = entry.path();
+            let meta = std::fs::symlink_metadata(&path).expect("metadata");
+            if meta.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let temporary = name
+                .strip_prefix('.')
+                .and_then(|n| n.strip_suffix(".tmp"))
+                .and_then(|n| n.rsplit_once('.'))
+                .is_some_and(|(target, id)| {
+                    !target.is_empty()
+                        && id.len() == 32
+                        && id.bytes().all(|b| b.is_ascii_hexdigit())
+                });
+            if temporary {
+                found.push((path, meta.modified().expect("mtime")));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_chaos_of_concurrent_clients_and_sigkills_loses_no_acknowledged_change() {
+    let began = Instant::now();
+    let seed = seed();
+    // RR_CHAOS_KEEP=1 keeps the data, roots and service logs for a post-mortem.
+    let keep = std::env::var_os("RR_CHAOS_KEEP").is_some();
+    let dir = tempfile::Builder::new()
+        .disable_cleanup(keep)
+        .tempdir()
+        .expect("dir");
+    if keep {
+        eprintln!("chaos directory: {}", dir.path().display());
+    }
+    let (data, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("logs");
+    let log = |n: usize| logs.join(format!("serve-{n}.log"));
+    let first = Server::start_with(&data, &root, None, &[], &log(0));
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .expect("client");
+
+    // Three runs of 20 rows.
+    let mut slots = Vec::new();
+    for n in 0..RUNS {
+        let output = root.join(format!("exp{n}/out.jsonl"));
+        let body = json!({"output_path": output, "source_path": root.join("src/train.jsonl"), "config": config(0.3),
+            "global_config": global(8000), "rows": chaos_rows()});
+        let (status, created) = super::call(
+            &client,
+            &first,
+            reqwest::Method::POST,
+            "/runs",
+            COLLECTOR,
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 201, "{created}");
+        let run_id = created["run_id"].as_str().expect("run id").to_owned();
+        slots.push(Mutex::new(Slot { output, run_id }));
+    }
+    let chaos = Arc::new(Chaos {
+        client,
+        url: RwLock::new(first.url.clone()),
+        root: root.clone(),
+        slots,
+        switch: tokio::sync::Mutex::new(()),
+        acks: Mutex::new(Acks::default()),
+        unexpected: Mutex::new(Vec::new()),
+        stop: AtomicBool::new(false),
+    });
+
+    let mut clients = Vec::new();
+    for index in 0..CLIENTS {
+        let chaos = chaos.clone();
+        let seed = seed.wrapping_add(1 + index as u64);
+        clients.push(tokio::spawn(async move {
+            let mut rng = Rng::new(seed);
+            let mut iterations = 0u64;
+            while !chaos.stop.load(Ordering::SeqCst) {
+                iterations += 1;
+                assert!(iterations < 100_000, "a client loop ran away");
+                let slot = rng.below(RUNS as u64) as usize;
+                match rng.below(100) {
+                    0..=2 => chaos.replace(slot).await,
+                    3..=9 => chaos.extend(slot).await,
+                    10..=11 => chaos.reindex().await,
+                    _ => chaos.burst(slot, index, &mut rng).await,
+                }
+            }
+            iterations
+        }));
+    }
+
+    let killer = {
+        let chaos = chaos.clone();
+        let (data, root) = (data.clone(), root.clone());
+        let logs = logs.clone();
+        tokio::spawn(async move {
+            let mut rng = Rng::new(seed ^ 0x5eed);
+            let mut server = first;
+            let mut last_start = SystemTime::now();
+            for kill in 1..=KILLS {
+                tokio::time::sleep(rng.between_ms(150, 650)).await;
+                // Every fourth restart moves to a new port; the others reuse the port.
+                let port = (kill % 4 != 0).then(|| server.port());
+                server.kill();
+                let (data, root) = (data.clone(), root.clone());
+                let log = logs.join(format!("serve-{kill}.log"));
+                last_start = SystemTime::now();
+                server = tokio::task::spawn_blocking(move || {
+                    Server::start_with(&data, &root, port, &[], &log)
+                })
+                .await
+                .expect("the service comes up after a SIGKILL");
+                *chaos.url.write().expect("url") = server.url.clone();
+            }
+            (server, last_start)
+        })
+    };
+    let (server, last_start) = tokio::time::timeout(Duration::from_secs(40), killer)
+        .await
+        .expect("the kills finish in time")
+        .expect("killer");
+    chaos.stop.store(true, Ordering::SeqCst);
+    let mut iterations = 0;
+    for client in clients {
+        iterations += tokio::time::timeout(Duration::from_secs(20), client)
+            .await
+            .expect("clients stop in time")
+            .expect("client");
+    }
+    let chaos_done = began.elapsed();
+
+    let acks = std::mem::take(&mut *chaos.acks());
+    {
+        // Shown with any failure below: what the service answered that the chaos does not explain.
+        let unexpected = chaos.unexpected.lock().expect("unexpected");
+        for line in unexpected.iter() {
+            eprintln!("unexpected answer: {line}");
+        }
+    }
+    let outputs: Vec<PathBuf> = (0..RUNS).map(|n| chaos.output(n)).collect();
+    let on_disk = runs_on_disk(&outputs);
+
+    // (d) Temporaries older than the last start were removed by it (the start-up logs count
+    // those the restarts removed; the summary below prints it).
+    let removed = temporaries_removed(&logs);
+    for (path, modified) in temporaries(&root) {
+        assert!(
+            modified >= last_start,
+            "{} was left by a killed process and survived the last start",
+            path.display()
+        );
+    }
+
+    // (a) Every acknowledged execution number is unique per rollout and saved in the manifest.
+    let mut numbers: BTreeMap<(String, String), BTreeSet<i64>> = BTreeMap::new();
+    for (run, rollout, n) in &acks.reservations {
+        assert!(
+            numbers
+                .entry((run.clone(), rollout.clone()))
+                .or_default()
+                .insert(*n),
+            "execution number {n} of {rollout} in run {run} was handed out twice"
+        );
+        let manifest = &on_disk
+            .get(run)
+            .unwrap_or_else(|| panic!("no manifest on disk for run {run}"))
+            .manifest;
+        let next = manifest["next_attempt"][rollout.as_str()]
+            .as_i64()
+            .unwrap_or_else(|| panic!("run {run}'s manifest has no next_attempt for {rollout}"));
+        assert!(
+            *n < next,
+            "run {run}: {rollout} number {n} was acknowledged but the manifest's next_attempt is {next}"
+        );
+    }
+
+    // The current runs are the slots' runs; superseded runs answer 409 run_superseded.
+    let current: BTreeSet<String> = on_disk
+        .iter()
+        .filter(|(_, r)| r.current)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let slot_runs: BTreeSet<String> = (0..RUNS).map(|n| chaos.run_id(n)).collect();
+    let without_manifest: Vec<&PathBuf> = outputs
+        .iter()
+        .filter(|o| {
+            !recovery_sidecar::SidecarPaths::for_output(o)
+                .manifest
+                .exists()
+        })
+        .collect();
+    assert!(
+        without_manifest.is_empty(),
+        "outputs left without a manifest (a replacement interrupted by a SIGKILL is neither \
+         undone nor completed): {without_manifest:?}"
+    );
+    assert_eq!(current, slot_runs, "the clients followed every replacement");
+    for (old, _) in &acks.superseded {
+        let (status, reply) = chaos
+            .send_answered(reqwest::Method::GET, &format!("/runs/{old}"), VIEWER, None)
+            .await;
+        assert_eq!(
+            (status, code(&reply)),
+            (409, "run_superseded"),
+            "{old}: {reply}"
+        );
+    }
+
+    // What the files say: drift and extension ids derived from the journal lines.
+    let file_drift: BTreeMap<String, BTreeSet<String>> = on_disk
+        .iter()
+        .map(|(id, r)| (id.clone(), journal_ids(&r.drift, id, "resume_drift")))
+        .filter(|(_, ids)| !ids.is_empty())
+        .collect();
+    let file_extensions: BTreeMap<String, BTreeSet<String>> = on_disk
+        .iter()
+        .map(|(id, r)| {
+            (
+                id.clone(),
+                journal_ids(&r.extension, id, "attempt_extension"),
+            )
+        })
+        .filter(|(_, ids)| !ids.is_empty())
+        .collect();
+
+    // (b) Acknowledged drift events are in the journal of their run and in the database.
+    let mut original_drift: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (id, run) in chaos.drift_listing("/drift").await {
+        original_drift.entry(run).or_default().insert(id);
+    }
+    assert!(
+        original_drift == file_drift,
+        "the database's drift events are the journals' lines: {}",
+        difference(&original_drift, &file_drift)
+    );
+    for (run, id) in &acks.drift {
+        assert!(
+            file_drift.get(run).is_some_and(|ids| ids.contains(id)),
+            "acknowledged drift event {id} of run {run} is not a line of its journal"
+        );
+    }
+    let distinct: BTreeSet<&String> = acks.drift.iter().map(|(_, id)| id).collect();
+    assert_eq!(
+        distinct.len(),
+        acks.drift.len(),
+        "drift event ids are distinct"
+    );
+    // (c) Acknowledged extensions are in the journal of their run and in the database.
+    let original_extensions = extension_rows(&data.join("rollout-recovery.db"));
+    assert!(
+        original_extensions == file_extensions,
+        "the database's extensions are the journals' lines: {}",
+        difference(&original_extensions, &file_extensions)
+    );
+    for (run, id) in &acks.extensions {
+        assert!(
+            file_extensions.get(run).is_some_and(|ids| ids.contains(id)),
+            "acknowledged extension {id} of run {run} is not a line of its journal"
+        );
+    }
+
+    // Re-judgments: an acknowledged admission is open in its run's manifest until its
+    // acknowledged close.
+    for (run, key, operation) in &acks.admitted {
+        if acks.close_unknown.contains(operation) {
+            continue;
+        }
+        let pending = &on_disk
+            .get(run)
+            .unwrap_or_else(|| panic!("no manifest on disk for run {run}"))
+            .manifest["pending_rejudge"][key.as_str()];
+        if acks.closed.contains(operation) {
+            assert_ne!(
+                pending["operation_id"].as_str(),
+                Some(operation.as_str()),
+                "closed re-judgment {operation} of {run} is still open"
+            );
+        } else {
+            assert_eq!(
+                pending["operation_id"].as_str(),
+                Some(operation.as_str()),
+                "admitted re-judgment {operation} ({key}) of {run} is not open in its manifest"
+            );
+        }
+    }
+
+    // The database equals a reindex of the files: a fresh service over the same root.
+    let original_runs = chaos.live_runs().await;
+    let original_run_drift = {
+        let mut by_run = BTreeMap::new();
+        for run in &current {
+            let ids: BTreeSet<String> = chaos
+                .drift_listing(&format!("/runs/{run}/drift"))
+                .await
+                .into_keys()
+                .collect();
+            by_run.insert(run.clone(), ids);
+        }
+        by_run
+    };
+    let fresh_data = dir.path().join("fresh-data");
+    let fresh = Server::start_with(&fresh_data, &root, None, &[], &logs.join("fresh.log"));
+    *chaos.url.write().expect("url") = fresh.url.clone();
+    let fresh_runs = chaos.live_runs().await;
+    assert_eq!(
+        fresh_runs, original_runs,
+        "the run records equal a reindex of the files"
+    );
+    assert_eq!(fresh_runs.keys().cloned().collect::<BTreeSet<_>>(), current);
+    let mut fresh_drift: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (id, run) in chaos.drift_listing("/drift").await {
+        fresh_drift.entry(run).or_default().insert(id);
+    }
+    for run in &current {
+        let ids: BTreeSet<String> = chaos
+            .drift_listing(&format!("/runs/{run}/drift"))
+            .await
+            .into_keys()
+            .collect();
+        let in_files = file_drift.get(run).cloned().unwrap_or_default();
+        assert_eq!(
+            ids.len(),
+            original_run_drift[run].len(),
+            "drift event counts of {run}"
+        );
+        assert_eq!(ids, original_run_drift[run], "drift events of {run}");
+        assert_eq!(
+            ids, in_files,
+            "drift events of {run} are its journal's lines"
+        );
+        assert_eq!(
+            fresh_drift.get(run).cloned().unwrap_or_default(),
+            ids,
+            "{run}"
+        );
+    }
+    assert!(
+        fresh_drift.keys().all(|run| current.contains(run)),
+        "a fresh service knows only the files' runs: {:?}",
+        fresh_drift.keys()
+    );
+    let fresh_extensions = extension_rows(&fresh_data.join("rollout-recovery.db"));
+    let current_extensions: BTreeMap<String, BTreeSet<String>> = original_extensions
+        .iter()
+        .filter(|(run, _)| current.contains(*run))
+        .map(|(run, ids)| (run.clone(), ids.clone()))
+        .collect();
+    assert_eq!(
+        fresh_extensions, current_extensions,
+        "extension records equal a reindex of the files"
+    );
+    drop(fresh);
+    drop(server);
+
+    let elapsed = began.elapsed();
+    eprintln!(
+        "chaos: {KILLS} SIGKILLs, {iterations} client iterations, {} reservations, {} drift events, {} extensions, {} admissions ({} closed), {} replacements, {} runs superseded, {removed} temporaries removed at restarts; chaos {chaos_done:?}, total {elapsed:?}",
+        acks.reservations.len(),
+        acks.drift.len(),
+        acks.extensions.len(),
+        acks.admitted.len(),
+        acks.closed.len(),
+        acks.replaces,
+        acks.superseded.len(),
+    );
+    assert!(
+        !acks.reservations.is_empty() && !acks.drift.is_empty() && !acks.extensions.is_empty(),
+        "the chaos acknowledged changes of every kind"
+    );
+    assert!(
+        elapsed < Duration::from_secs(60),
+        "the chaos test took {elapsed:?}"
+    );
+    // Every answer was one the chaos explains (a success, a lease or lock refusal, a superseded
+    // run, a dropped connection): never a server error.
+    let unexpected = chaos.unexpected.lock().expect("unexpected").clone();
+    assert!(
+        unexpected.is_empty(),
+        "{} unexpected answers:\n{}\nservice errors:\n{}",
+        unexpected.len(),
+        unexpected.join("\n"),
+        service_errors(&logs)
+    );
+}
+
+/// A scratch PostgreSQL database, dropped at the end (declare it before the services using it,
+/// so they stop first).
+#[derive(Debug)]
+struct ScratchDatabase {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+fn psql(admin: &str, sql: &str) -> std::process::Output {
+    Command::new("psql")
+        .arg(admin)
+        .args(["-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
+        .output()
+        .expect("psql")
+}
+
+impl ScratchDatabase {
+    fn create(rng: &mut Rng) -> Self {
+        let admin = std::env::var("RR_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".into());
+        let name = format!("rr_test_{:016x}", rng.next());
+        let out = psql(&admin, &format!("CREATE DATABASE {name}"));
+        assert!(
+            out.status.success(),
+            "creating {name} through {admin}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let (base, query) = match admin.split_once('?') {
+            Some((base, query)) => (base, format!("?{query}")),
+            None => (admin.as_str(), String::new()),
+        };
+        let (server, _) = base.rsplit_once('/').expect("a database in the admin URL");
+        let url = format!("{server}/{name}{query}");
+        Self { admin, name, url }
+    }
+}
+
+impl Drop for ScratchDatabase {
+    fn drop(&mut self) {
+        let out = psql(
+            &self.admin,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+        if !out.status.success() {
+            eprintln!(
+                "dropping {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_service_processes_on_one_postgresql_database_hand_out_each_number_once() {
+    let began = Instant::now();
+    let mut rng = Rng::new(seed());
+    let database = ScratchDatabase::create(&mut rng);
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let env = |replica: &'static str| {
+        [
+            ("RR_DATABASE_URL", database.url.as_str()),
+            ("RR_REPLICA", replica),
+        ]
+    };
+    // One after the other: the second finds the schema migrated.
+    let a = Server::start_with(
+        &dir.path().join("data-a"),
+        &root,
+        None,
+        &env("replica-a"),
+        &dir.path().join("a.log"),
+    );
+    let b = Server::start_with(
+        &dir.path().join("data-b"),
+        &root,
+        None,
+        &env("replica-b"),
+        &dir.path().join("b.log"),
+    );
+    let client = reqwest::Client::new();
+    let output = root.join("exp/out.jsonl");
+    let rows: Value = (0..=40)
+        .map(|t| json!({"agent_ref": {"name": "agent"}, "_ng_task_index": t, "_ng_rollout_index": 0}))
+        .collect();
+    let body = json!({"output_path": output, "source_path": root.join("src/train.jsonl"), "config": config(0.3),
+        "global_config": global(8000), "rows": rows});
+    let (status, created) = super::call(
+        &client,
+        &a,
+        reqwest::Method::POST,
+        "/runs",
+        COLLECTOR,
+        Some(body),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let run_id = created["run_id"].as_str().expect("run id").to_owned();
+    let (status, lease) = super::call(
+        &client,
+        &a,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "collector-a", "host": "h", "pid": 1, "ttl_seconds": 300})),
+    )
+    .await;
+    assert_eq!(status, 201, "{lease}");
+    let lease_id = lease["lease_id"].as_str().expect("lease").to_owned();
+    let urls = [a.url.clone(), b.url.clone()];
+
+    // 40 reserves of one rollout and 40 of distinct rollouts, split across both replicas.
+    let mut requests = Vec::new();
+    for i in 0..80usize {
+        let rollout = if i < 40 {
+            "0-0".to_owned()
+        } else {
+            format!("{}-0", i - 39)
+        };
+        let url = format!("{}/runs/{run_id}/attempts/reserve", urls[i % 2]);
+        let body = json!({"lease_id": lease_id, "rollout_ids": [rollout]});
+        let client = client.clone();
+        requests.push(tokio::spawn(async move {
+            let response = client
+                .post(&url)
+                .bearer_auth(COLLECTOR)
+                .json(&body)
+                .send()
+                .await
+                .expect("response");
+            let status = response.status().as_u16();
+            let reply: Value = response.json().await.unwrap_or(Value::Null);
+            (rollout, url, status, reply)
+        }));
+    }
+    let mut same = Vec::new();
+    let mut distinct = BTreeMap::new();
+    for request in requests {
+        let (rollout, url, status, reply) = request.await.expect("request");
+        assert_eq!(status, 200, "{url} {rollout}: {reply}");
+        let number = reply["attempts"][rollout.as_str()]
+            .as_i64()
+            .unwrap_or_else(|| panic!("{url} {rollout}: {reply}"));
+        if rollout == "0-0" {
+            same.push(number);
+        } else {
+            distinct.insert(rollout, number);
+        }
+    }
+    same.sort_unstable();
+    assert_eq!(
+        same,
+        (0..40).collect::<Vec<i64>>(),
+        "one rollout's numbers are distinct and gapless"
+    );
+    let paths = recovery_sidecar::SidecarPaths::for_output(&output);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
+    assert_eq!(manifest["next_attempt"]["0-0"], 40, "{manifest}");
+    assert_eq!(distinct.len(), 40);
+    for (rollout, number) in &distinct {
+        assert_eq!(*number, 0, "{rollout}");
+        assert_eq!(
+            manifest["next_attempt"][rollout.as_str()],
+            1,
+            "{rollout} is saved in the manifest"
+        );
+    }
+
+    // Concurrent resumes across operational drift on both replicas: one journal line per event.
+    let mut validations = Vec::new();
+    for i in 0..20usize {
+        let url = format!("{}/runs/{run_id}/validate", urls[i % 2]);
+        let body = json!({"config": config(0.3), "global_config": global(9000 + i as i64),
+            "source_path": root.join("src/train.jsonl"), "lease_id": lease_id});
+        let client = client.clone();
+        validations.push(tokio::spawn(async move {
+            let response = client
+                .post(&url)
+                .bearer_auth(COLLECTOR)
+                .json(&body)
+                .send()
+                .await
+                .expect("response");
+            let status = response.status().as_u16();
+            (
+                url,
+                status,
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        }));
+    }
+    let mut acknowledged = BTreeSet::new();
+    for validation in validations {
+        let (url, status, reply) = validation.await.expect("validation");
+        assert_eq!(
+            (status, reply["outcome"].as_str()),
+            (200, Some("resume_with_drift")),
+            "{url}: {reply}"
+        );
+        assert!(acknowledged.insert(reply["drift_event_id"].as_str().expect("id").to_owned()));
+    }
+    let lines = journal_lines(&paths.resume_drift);
+    assert_eq!(lines.len(), 20, "one journal line per resume");
+    let in_journal = journal_ids(&paths.resume_drift, &run_id, "resume_drift");
+    assert_eq!(
+        in_journal, acknowledged,
+        "the journal holds the acknowledged events"
+    );
+    for server in [&a, &b] {
+        let (status, page) = super::call(
+            &client,
+            server,
+            reqwest::Method::GET,
+            &format!("/runs/{run_id}/drift?limit=1000"),
+            VIEWER,
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        let rows: BTreeSet<String> = page["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| e["event_id"].as_str().expect("id").to_owned())
+            .collect();
+        assert_eq!(
+            page["events"].as_array().map(Vec::len),
+            Some(lines.len()),
+            "as many drift rows as journal lines ({})",
+            server.url
+        );
+        assert_eq!(rows, in_journal, "{}", server.url);
+    }
+    drop((a, b));
+    drop(database);
+    eprintln!("two replicas on PostgreSQL: {:?}", began.elapsed());
+}
