@@ -607,15 +607,12 @@ impl Registry {
             ))
         })
         .await?;
+        let mut events = Vec::with_capacity(drift.len());
         for (offset, bytes) in &drift {
             match serde_json::from_slice::<DriftLine>(bytes) {
                 Ok(line) => {
                     let id = line_id(&run_id, DRIFT_JOURNAL, *offset, bytes);
-                    report.drift_inserted += usize::from(
-                        self.store
-                            .insert_drift_event(&drift_event(id, line))
-                            .await?,
-                    )
+                    events.push(drift_event(id, line));
                 }
                 Err(e) => report.unreadable.push((
                     format!("{}@{offset}", paths.resume_drift.display()),
@@ -623,6 +620,7 @@ impl Registry {
                 )),
             }
         }
+        report.drift_inserted += self.store.insert_drift_events(&events).await?;
         for (number, line) in approvals.iter().enumerate() {
             match serde_json::from_slice::<ApprovalLine>(line) {
                 Ok(line) => {
@@ -639,15 +637,12 @@ impl Registry {
                 )),
             }
         }
+        let mut records = Vec::with_capacity(extensions.len());
         for (offset, bytes) in &extensions {
             match serde_json::from_slice::<ExtensionLine>(bytes) {
                 Ok(line) => {
                     let id = line_id(&run_id, EXTENSION_JOURNAL, *offset, bytes);
-                    report.extensions_inserted += usize::from(
-                        self.store
-                            .insert_extension(&extension_record(&run_id, id, line))
-                            .await?,
-                    )
+                    records.push(extension_record(&run_id, id, line));
                 }
                 Err(e) => report.unreadable.push((
                     format!("{}@{offset}", paths.attempt_extension.display()),
@@ -655,6 +650,7 @@ impl Registry {
                 )),
             }
         }
+        report.extensions_inserted += self.store.insert_extensions(&records).await?;
         for (number, line) in offsets.iter().enumerate() {
             match std::str::from_utf8(line)
                 .ok()

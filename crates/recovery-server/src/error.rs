@@ -49,6 +49,9 @@ pub enum ErrorCode {
     Conflict,
     /// The request body exceeds the configured limit.
     PayloadTooLarge,
+    /// Too much heavy work (hashing, planning, classifying) is queued: retry after the
+    /// `Retry-After` seconds.
+    Overloaded,
     /// The service failed; nothing was half-written.
     Internal,
 }
@@ -73,6 +76,7 @@ impl ErrorCode {
             Self::RunLocked => StatusCode::LOCKED,
             Self::LeaseNotHeld => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -123,7 +127,9 @@ impl ApiError {
         tracing::error!(context, error = %cause, "request failed");
         Self::new(
             ErrorCode::Internal,
-            format!("{context} failed; nothing was half-written, retry or see the service log"),
+            format!(
+                "{context} failed; retry, or see the service log (what reached the run's files stands and is reindexed)"
+            ),
         )
     }
 }
@@ -133,8 +139,11 @@ impl IntoResponse for ApiError {
         let status = self.code.status();
         metrics::counter!("rollout_recovery_errors_total", "code" => format!("{:?}", self.code))
             .increment(1);
+        let retry_after = (self.code == ErrorCode::Overloaded)
+            .then_some([(axum::http::header::RETRY_AFTER, "1")]);
         (
             status,
+            retry_after,
             Json(ApiErrorBody {
                 code: self.code,
                 message: self.message,
@@ -315,6 +324,39 @@ where
                     .trim_start_matches("Failed to parse the request body as JSON: ")
             ))),
             Err(other) => Err(ApiError::invalid(format!("body: {}", other.body_text()))),
+        }
+    }
+}
+
+/// A JSON body kept as bytes (parsed by the handler, off the async workers), with the checks and
+/// rejections of [`ApiJson`]: the JSON content type and the body limit.
+#[derive(Debug, Clone, Default)]
+pub struct ApiJsonBytes(pub axum::body::Bytes);
+
+impl<S: Send + Sync> axum::extract::FromRequest<S> for ApiJsonBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        let json = request
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json") || v.contains("+json"));
+        if !json {
+            return Err(ApiError::invalid(
+                "the body must be JSON with content-type: application/json",
+            ));
+        }
+        match axum::body::Bytes::from_request(request, state).await {
+            Ok(bytes) => Ok(Self(bytes)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                "the request body is larger than the service accepts (RR_BODY_LIMIT_MB)",
+            )),
+            Err(e) => Err(ApiError::invalid(format!("body: {}", e.body_text()))),
         }
     }
 }

@@ -245,6 +245,7 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         registry,
         leases,
         metrics: state::metrics_handle(),
+        heavy: Arc::new(state::HeavyWork::for_this_machine()),
     })
 }
 

@@ -14,6 +14,43 @@ pub struct AppState {
     pub registry: Registry,
     pub leases: Leases,
     pub metrics: PrometheusHandle,
+    pub heavy: Arc<HeavyWork>,
+}
+
+/// The bound on heavy blocking work (classifying, planning): a few run at once, a bounded
+/// number wait, and beyond that callers are answered 503 `overloaded` with `Retry-After`
+/// instead of queueing without end (the async workers and `/healthz` stay free).
+#[derive(Debug)]
+pub struct HeavyWork {
+    running: tokio::sync::Semaphore,
+    waiting: std::sync::atomic::AtomicUsize,
+    max_waiting: usize,
+}
+
+impl HeavyWork {
+    /// `running` at once, at most `max_waiting` queued.
+    pub fn new(running: usize, max_waiting: usize) -> Self {
+        Self {
+            running: tokio::sync::Semaphore::new(running.max(1)),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            max_waiting,
+        }
+    }
+
+    /// Sized for this machine: two per core running, 64 per core waiting.
+    pub fn for_this_machine() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::new(2 * cores, 64 * cores)
+    }
+}
+
+/// Decrements the waiting count however the wait ends (a client that goes away included).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// The process-wide Prometheus recorder (installed once, shared by every app in the process).
@@ -74,6 +111,30 @@ impl AppState {
         tokio::spawn(work)
             .await
             .map_err(|e| ApiError::internal("a run change", e))?
+    }
+
+    /// Runs heavy blocking work within [`HeavyWork`]'s bound.
+    pub async fn heavy<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        use std::sync::atomic::Ordering;
+        let heavy = &self.heavy;
+        if heavy.waiting.fetch_add(1, Ordering::SeqCst) >= heavy.max_waiting {
+            heavy.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::new(
+                ErrorCode::Overloaded,
+                "the service is saturated with heavy work; retry after the Retry-After seconds",
+            ));
+        }
+        let waiting = Waiting(&heavy.waiting);
+        let _permit = heavy
+            .running
+            .acquire()
+            .await
+            .map_err(|e| ApiError::internal("waiting for a worker", e))?;
+        drop(waiting);
+        self.blocking(work).await
     }
 
     /// Runs blocking file work off the executor.

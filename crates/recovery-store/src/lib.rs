@@ -376,66 +376,95 @@ impl Store {
 
     /// Records one resume across operational drift with its keys; `false` when already known.
     pub async fn insert_drift_event(&self, event: &DriftEvent) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let result = sqlx::query(
-            "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
-        )
-        .bind(&event.event_id)
-        .bind(&event.run_id)
-        .bind(&event.at)
-        .bind(&event.saved_config_digest)
-        .bind(&event.current_config_digest)
-        .bind(to_json(&event.operational_keys))
-        .execute(&mut *tx)
-        .await?;
-        for key in &event.operational_keys {
-            sqlx::query("INSERT INTO drift_event_keys (event_id, key) VALUES ($1, $2) ON CONFLICT (event_id, key) DO NOTHING")
-                .bind(&event.event_id)
-                .bind(key)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(result.rows_affected() == 1)
+        Ok(self
+            .insert_drift_events(std::slice::from_ref(event))
+            .await?
+            == 1)
     }
 
-    /// Drift events by time (oldest first), filtered, after an optional cursor.
+    /// Records drift events, a thousand to a transaction; returns how many were new.
+    pub async fn insert_drift_events(&self, events: &[DriftEvent]) -> Result<usize, StoreError> {
+        let mut inserted = 0;
+        for batch in events.chunks(1000) {
+            let mut tx = self.pool.begin().await?;
+            for event in batch {
+                let result = sqlx::query(
+                    "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
+                )
+                .bind(&event.event_id)
+                .bind(&event.run_id)
+                .bind(&event.at)
+                .bind(&event.saved_config_digest)
+                .bind(&event.current_config_digest)
+                .bind(to_json(&event.operational_keys))
+                .execute(&mut *tx)
+                .await?;
+                if result.rows_affected() == 0 {
+                    continue;
+                }
+                inserted += 1;
+                for key in &event.operational_keys {
+                    sqlx::query("INSERT INTO drift_event_keys (event_id, key, at) VALUES ($1, $2, $3) ON CONFLICT (event_id, key) DO NOTHING")
+                        .bind(&event.event_id)
+                        .bind(key)
+                        .bind(&event.at)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
+            tx.commit().await?;
+        }
+        Ok(inserted)
+    }
+
+    /// Drift events in time order, each filter driven by its index: a key by the key index in
+    /// time order, a run by the run index, time bounds and cursors as index ranges (a deep page
+    /// costs what the first does).
     pub async fn query_drift(&self, filter: &DriftFilter) -> Result<Vec<DriftEvent>, StoreError> {
-        let mut sql = String::from(
-            "SELECT d.event_id, d.run_id, d.at, d.saved_config_digest, d.current_config_digest, d.operational_keys \
-             FROM drift_events d WHERE 1 = 1",
-        );
         let mut binds: Vec<String> = Vec::new();
         let next = |value: &str, binds: &mut Vec<String>| {
             binds.push(value.to_owned());
             format!("${}", binds.len())
         };
+        // `o` is the ordering relation: the key rows when a key drives the query.
+        let (mut sql, o) = match &filter.key {
+            Some(key) => {
+                let p = next(key, &mut binds);
+                (
+                    format!(
+                        "SELECT d.event_id, d.run_id, d.at, d.saved_config_digest, d.current_config_digest, d.operational_keys \
+                         FROM drift_event_keys k JOIN drift_events d ON d.event_id = k.event_id WHERE k.key = {p}"
+                    ),
+                    "k",
+                )
+            }
+            None => (
+                "SELECT d.event_id, d.run_id, d.at, d.saved_config_digest, d.current_config_digest, d.operational_keys \
+                 FROM drift_events d WHERE 1 = 1"
+                    .to_owned(),
+                "d",
+            ),
+        };
         if let Some(run_id) = &filter.run_id {
             let p = next(run_id, &mut binds);
             sql.push_str(&format!(" AND d.run_id = {p}"));
         }
-        if let Some(key) = &filter.key {
-            let p = next(key, &mut binds);
-            sql.push_str(&format!(" AND EXISTS (SELECT 1 FROM drift_event_keys k WHERE k.event_id = d.event_id AND k.key = {p})"));
-        }
         if let Some(from) = &filter.from {
             let p = next(from, &mut binds);
-            sql.push_str(&format!(" AND d.at >= {p}"));
+            sql.push_str(&format!(" AND {o}.at >= {p}"));
         }
         if let Some(to) = &filter.to {
             let p = next(to, &mut binds);
-            sql.push_str(&format!(" AND d.at < {p}"));
+            sql.push_str(&format!(" AND {o}.at < {p}"));
         }
         if let Some(cursor) = &filter.after {
             let at = next(&cursor.at, &mut binds);
             let id = next(&cursor.id, &mut binds);
-            sql.push_str(&format!(
-                " AND (d.at > {at} OR (d.at = {at} AND d.event_id > {id}))"
-            ));
+            sql.push_str(&format!(" AND ({o}.at, {o}.event_id) > ({at}, {id})"));
         }
         sql.push_str(&format!(
-            " ORDER BY d.at, d.event_id LIMIT {}",
+            " ORDER BY {o}.at, {o}.event_id LIMIT {}",
             filter.limit.clamp(1, 1000)
         ));
         let mut query = sqlx::query(&sql);
@@ -520,19 +549,38 @@ impl Store {
     }
 
     pub async fn insert_extension(&self, extension: &AttemptExtension) -> Result<bool, StoreError> {
-        let result = sqlx::query(
-            "INSERT INTO attempt_extensions (event_id, run_id, at, by_actor, reason, extend_attempts) \
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
-        )
-        .bind(&extension.event_id)
-        .bind(&extension.run_id)
-        .bind(&extension.at)
-        .bind(&extension.by)
-        .bind(&extension.reason)
-        .bind(extension.extend_attempts)
-        .execute(&self.pool)
-        .await?;
-        Ok(result.rows_affected() == 1)
+        Ok(self
+            .insert_extensions(std::slice::from_ref(extension))
+            .await?
+            == 1)
+    }
+
+    /// Records attempt extensions, a thousand to a transaction; returns how many were new.
+    pub async fn insert_extensions(
+        &self,
+        extensions: &[AttemptExtension],
+    ) -> Result<usize, StoreError> {
+        let mut inserted = 0;
+        for batch in extensions.chunks(1000) {
+            let mut tx = self.pool.begin().await?;
+            for extension in batch {
+                let result = sqlx::query(
+                    "INSERT INTO attempt_extensions (event_id, run_id, at, by_actor, reason, extend_attempts) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
+                )
+                .bind(&extension.event_id)
+                .bind(&extension.run_id)
+                .bind(&extension.at)
+                .bind(&extension.by)
+                .bind(&extension.reason)
+                .bind(extension.extend_attempts)
+                .execute(&mut *tx)
+                .await?;
+                inserted += result.rows_affected() as usize;
+            }
+            tx.commit().await?;
+        }
+        Ok(inserted)
     }
 
     pub async fn list_extensions(&self, run_id: &str) -> Result<Vec<AttemptExtension>, StoreError> {

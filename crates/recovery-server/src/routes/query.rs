@@ -1,12 +1,13 @@
 //! Read models for dashboards and tools: drift history, classification, the resume plan.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiQuery, ApiResult};
+use crate::error::{ApiError, ApiErrorBody, ApiJsonBytes, ApiQuery, ApiResult};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
+use recovery_core::facts::RowFacts;
 use recovery_core::failure::ClassificationPolicy;
-use recovery_core::plan::{RowDecision, classify_row};
+use recovery_core::plan::{RowDecision, classify_facts};
 use recovery_runs::runfiles;
 use recovery_store::{Cursor, DriftEvent, DriftFilter};
 use serde::{Deserialize, Serialize};
@@ -135,32 +136,73 @@ pub struct ClassifyResponse {
     pub decisions: Vec<RowDecision>,
 }
 
-/// Classify rows: what every predicate says of each, and what resume does with it.
-#[utoipa::path(post, path = "/classify", tag = "classification", request_body = ClassifyRequest,
-    responses((status = 200, body = ClassifyResponse), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
-pub async fn classify(
-    State(_state): State<AppState>,
-    caller: Caller,
-    ApiJson(request): ApiJson<ClassifyRequest>,
-) -> ApiResult<Json<ClassifyResponse>> {
-    caller.require(Role::Viewer)?;
-    let policy = match &request.policy {
-        Some(value) => ClassificationPolicy::from_json(value.to_string().as_bytes())
+/// The classify body as read: each row kept as its raw bytes, read once into the facts the
+/// classifier needs (never a `Value` tree per row).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClassifyRequest<'a> {
+    #[serde(borrow)]
+    rows: Vec<&'a serde_json::value::RawValue>,
+    #[serde(default)]
+    retry_terminal_timeouts: bool,
+    #[serde(default, borrow)]
+    policy: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Classifies a raw batch on this thread and the machine's other cores, in row order.
+fn classify_batch(body: &[u8]) -> ApiResult<Vec<RowDecision>> {
+    let request: RawClassifyRequest =
+        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+    let policy = match request.policy {
+        Some(raw) => ClassificationPolicy::from_json(raw.get().as_bytes())
             .map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
         None => ClassificationPolicy::default(),
     };
-    for (i, row) in request.rows.iter().enumerate() {
-        if !row.is_object() {
-            return Err(ApiError::invalid(format!(
-                "rows[{i}]: must be a JSON object"
-            )));
+    let timeouts = request.retry_terminal_timeouts;
+    let classify = |offset: usize, rows: &[&serde_json::value::RawValue]| {
+        rows.iter()
+            .enumerate()
+            .map(|(i, raw)| match RowFacts::from_line(raw.get().as_bytes()) {
+                Ok(Some(facts)) => Ok(classify_facts(&facts, &policy, timeouts)),
+                Ok(None) => Err(ApiError::invalid(format!(
+                    "rows[{}]: must be a JSON object",
+                    offset + i
+                ))),
+                Err(e) => Err(ApiError::invalid(format!("rows[{}]: {e}", offset + i))),
+            })
+            .collect::<ApiResult<Vec<RowDecision>>>()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let size = request.rows.len().div_ceil(threads).max(1024);
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = request
+            .rows
+            .chunks(size)
+            .enumerate()
+            .map(|(n, rows)| scope.spawn(move || classify(n * size, rows)))
+            .collect();
+        let mut decisions = Vec::with_capacity(request.rows.len());
+        for part in parts {
+            let part = part
+                .join()
+                .map_err(|_| ApiError::internal("classifying", "a worker panicked"))??;
+            decisions.extend(part);
         }
-    }
-    let decisions = request
-        .rows
-        .iter()
-        .map(|row| classify_row(row, &policy, request.retry_terminal_timeouts))
-        .collect();
+        Ok(decisions)
+    })
+}
+
+/// Classify rows: what every predicate says of each, and what resume does with it.
+#[utoipa::path(post, path = "/classify", tag = "classification", request_body = ClassifyRequest,
+    responses((status = 200, body = ClassifyResponse), (status = 422, body = ApiErrorBody),
+        (status = 503, description = "overloaded: retry after Retry-After", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+pub async fn classify(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJsonBytes(body): ApiJsonBytes,
+) -> ApiResult<Json<ClassifyResponse>> {
+    caller.require(Role::Viewer)?;
+    let decisions = state.heavy(move || classify_batch(&body)).await?;
     Ok(Json(ClassifyResponse { decisions }))
 }
 
@@ -197,7 +239,7 @@ pub async fn plan(
     let (_, paths) = state.run(&run_id).await?;
     let cap = state.config.default_max_attempts;
     let (_, plan) = state
-        .blocking(move || Ok(runfiles::build_plan(&paths, cap)?))
+        .heavy(move || Ok(runfiles::build_plan(&paths, cap)?))
         .await?;
     Ok(Json(PlanResponse {
         run_id: plan.run_id.clone(),

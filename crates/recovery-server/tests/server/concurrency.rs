@@ -810,3 +810,56 @@ async fn a_pre_0_5_manifest_keeps_its_form_when_the_service_reserves_on_it() {
         "the pre-0.5 model reads the rewritten manifest"
     );
 }
+
+#[tokio::test]
+async fn heavy_work_beyond_its_queue_is_answered_503_with_retry_after() {
+    let app = TestApp::new().await;
+    let mut state = app.state.clone();
+    // No room to wait: every classify finds the queue full.
+    state.heavy = Arc::new(recovery_server::state::HeavyWork::new(1, 0));
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/classify")
+        .header("authorization", format!("Bearer {VIEWER}"))
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"rows": [{"reward": 1.0}]}).to_string()))
+        .expect("request");
+    let response = recovery_server::app(state)
+        .oneshot(request)
+        .await
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let body: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(body["code"], "overloaded");
+    let served = app
+        .call(
+            Method::POST,
+            "/classify",
+            Some(VIEWER),
+            Some(json!({"rows": [{"reward": 1.0}, 3]})),
+        )
+        .await;
+    assert_eq!(
+        served.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "with room, the batch is read and its bad row named: {}",
+        served.body
+    );
+    assert!(
+        served.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rows[1]")),
+        "{}",
+        served.body
+    );
+}
