@@ -863,3 +863,75 @@ async fn heavy_work_beyond_its_queue_is_answered_503_with_retry_after() {
         served.body
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_whose_client_goes_away_still_reaches_both_the_journal_and_the_database() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let lines = || recovery_sidecar::read_lines(&paths.resume_drift).map_or(0, |l| l.len());
+    // Each client goes away the moment its line is in the journal: before its row, its resume
+    // record and its answer.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for port in 0..16 {
+        let before = lines();
+        let state = app.state.clone();
+        let body = app.validate_body(0.3, 9000 + port).to_string();
+        let uri = format!("/runs/{run_id}/validate");
+        let client = tokio::spawn(async move {
+            send(state, Method::POST, &uri, Some(COLLECTOR), Some(body)).await
+        });
+        while lines() == before && !client.is_finished() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the journal line never came"
+            );
+            tokio::task::yield_now().await;
+        }
+        client.abort();
+    }
+    // Every line seen means its change holds (or held) the run's section, and a section writes
+    // its row before it ends: entering the section after them waits for all of them.
+    drop(
+        app.state
+            .registry
+            .lock(&paths)
+            .await
+            .expect("the run's section"),
+    );
+    let journal: BTreeSet<String> = recovery_sidecar::read_lines_at(&paths.resume_drift)
+        .expect("journal")
+        .iter()
+        .map(|(offset, line)| {
+            recovery_runs::events::line_id(
+                &run_id,
+                recovery_runs::events::DRIFT_JOURNAL,
+                *offset,
+                line,
+            )
+        })
+        .collect();
+    let stored: BTreeSet<String> = app
+        .state
+        .registry
+        .store()
+        .query_drift(&recovery_store::DriftFilter {
+            run_id: Some(run_id.clone()),
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("rows")
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(
+        journal.len(),
+        16,
+        "every client journalled its line before going away"
+    );
+    assert_eq!(
+        journal, stored,
+        "every journalled line has its row, with no restart"
+    );
+}
