@@ -29,4 +29,4 @@ pub use leases::{LeaseError, LeaseRequest, Leases};
 pub use operations::OpError;
 pub use registry::{Registry, RegistryError, ReindexReport};
 pub use runfiles::RunFilesError;
-pub use runlock::{LocalRunLocks, LockedRun, RunLockError, RunLocks};
+pub use runlock::{LocalRunLocks, LockedRun, RunLockError, RunLocks, RunSection, SharedRun};

@@ -11,7 +11,7 @@
 use crate::cache::{MaterializedFacts, RunCaches};
 use crate::registry::{Registry, RegistryError, unix_to_text};
 use crate::runfiles::{self, RunFilesError};
-use crate::runlock::LockedRun;
+use crate::runlock::{LockedRun, SharedRun};
 use recovery_core::canonical::sha256_reader;
 use recovery_core::drift::DriftPolicy;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences};
@@ -86,6 +86,22 @@ fn io_failure(context: &str, source: std::io::Error) -> OpError {
 /// The logical rollout id grammar (facts §1: `_ng_rollout_id`), which attempt keys build on.
 static ROLLOUT_ID: LazyLock<regex::Regex> =
     LazyLock::new(|| regex::Regex::new("^[A-Za-z0-9][A-Za-z0-9._-]*$").expect("static regex"));
+
+/// The section a validation runs in.
+#[derive(Clone, Copy)]
+enum Section<'a> {
+    Shared(&'a SharedRun),
+    Exclusive(&'a LockedRun),
+}
+
+impl Section<'_> {
+    fn paths(&self) -> &SidecarPaths {
+        match self {
+            Section::Shared(run) => run.paths(),
+            Section::Exclusive(run) => run.paths(),
+        }
+    }
+}
 
 /// A judge-only re-judgment to admit.
 #[derive(Debug, Clone)]
@@ -723,22 +739,54 @@ impl Registry {
     /// Validates a resume and acts on the verdict: reuse, resume across operational drift (one
     /// journal line), an override with `allow_unsafe` (the manifest rewritten, sticky), or a
     /// refusal naming the semantic keys. The digest computed is reported into `digest` also
-    /// when the resume is refused.
+    /// when the resume is refused. Runs in the run's shared section (validations of one run
+    /// side by side); a verdict that rewrites the manifest, or finds another run's manifest, is
+    /// decided again in the exclusive section.
     pub async fn validate(
         &self,
-        run: &LockedRun,
+        paths: &SidecarPaths,
         run_id: &str,
         request: ResumeRequest,
         policy: &DriftPolicy,
         digest: &mut ResumeDigest,
     ) -> Result<Resumed, OpError> {
-        let paths = run.paths().clone();
+        let request = Arc::new(request);
+        let shared = self.lock_shared(paths).await.map_err(RegistryError::from)?;
+        let section = Section::Shared(&shared);
+        if let Some(resumed) = self
+            .validate_in(section, run_id, &request, policy, digest)
+            .await?
+        {
+            return Ok(resumed);
+        }
+        drop(shared);
+        let run = self.lock(paths).await.map_err(RegistryError::from)?;
+        self.validate_in(Section::Exclusive(&run), run_id, &request, policy, digest)
+            .await?
+            .ok_or_else(|| OpError::Join("an exclusive validation asked for exclusivity".into()))
+    }
+
+    /// One validation in a section; `None` when the verdict needs the exclusive section.
+    async fn validate_in(
+        &self,
+        section: Section<'_>,
+        run_id: &str,
+        request: &Arc<ResumeRequest>,
+        policy: &DriftPolicy,
+        digest: &mut ResumeDigest,
+    ) -> Result<Option<Resumed>, OpError> {
+        let (paths, work) = (section.paths().clone(), request.clone());
         let allow_unsafe = request.allow_unsafe;
         let caches = self.caches().clone();
-        let (saved, current) = blocking(move || current_run(&caches, &paths, &request)).await?;
+        let (saved, current) = blocking(move || current_run(&caches, &paths, &work)).await?;
         // A missing or unreadable manifest is the verdict's to answer (a legacy import
         // included); another run's manifest is never validated against.
-        if let SavedManifest::Read(manifest) = &saved.manifest {
+        if let SavedManifest::Read(manifest) = &saved.manifest
+            && manifest.run_id != run_id
+        {
+            let Section::Exclusive(run) = section else {
+                return Ok(None);
+            };
             self.check_not_superseded(run, run_id, manifest).await?;
         }
         digest.0 = current.as_ref().map(|c| c.config.config_digest.clone());
@@ -752,16 +800,25 @@ impl Registry {
             manifest,
         };
         match validate_resume(&saved, current.as_ref(), allow_unsafe, policy) {
-            ResumeVerdict::Reuse { manifest } => Ok(resumed("reuse", Some(manifest.to_value()))),
+            ResumeVerdict::Reuse { manifest } => {
+                Ok(Some(resumed("reuse", Some(manifest.to_value()))))
+            }
             ResumeVerdict::ResumeWithDrift {
                 manifest,
                 operational_keys,
             } => {
-                let drift = self
-                    .record_drift(run, &manifest, &config_digest, &operational_keys)
-                    .await?;
+                let drift = match section {
+                    Section::Shared(run) => {
+                        self.record_drift(run, &manifest, &config_digest, &operational_keys)
+                            .await?
+                    }
+                    Section::Exclusive(run) => {
+                        self.record_drift(run, &manifest, &config_digest, &operational_keys)
+                            .await?
+                    }
+                };
                 tracing::warn!(run_id, keys = ?operational_keys, "resume across operational drift");
-                Ok(Resumed {
+                Ok(Some(Resumed {
                     message: Some(format!(
                         "Resuming across operational configuration drift: {}.",
                         operational_keys.join(", ")
@@ -769,7 +826,7 @@ impl Registry {
                     operational_keys,
                     drift_event_id: Some(drift.event_id),
                     ..resumed("resume_with_drift", Some(manifest.to_value()))
-                })
+                }))
             }
             ResumeVerdict::Refused {
                 message,
@@ -787,21 +844,24 @@ impl Registry {
                 message,
                 mismatches,
             } => {
+                let Section::Exclusive(run) = section else {
+                    return Ok(None);
+                };
                 self.write_manifest(run, &manifest, None).await?;
                 tracing::warn!(
                     run_id,
                     "resume accepted with allow_unsafe: identity overridden"
                 );
-                Ok(Resumed {
+                Ok(Some(Resumed {
                     message: Some(message),
                     reasons: mismatches.iter().map(|m| m.code().to_owned()).collect(),
                     ..resumed("overridden", Some(manifest.to_value()))
-                })
+                }))
             }
-            ResumeVerdict::ImportLegacy { message } => Ok(Resumed {
+            ResumeVerdict::ImportLegacy { message } => Ok(Some(Resumed {
                 message: Some(message),
                 ..resumed("import_legacy", None)
-            }),
+            })),
         }
     }
 }

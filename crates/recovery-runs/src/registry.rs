@@ -15,7 +15,7 @@ use crate::events::{
     ApprovalLine, DRIFT_JOURNAL, DriftLine, EXTENSION_JOURNAL, ExtensionLine, line_id, resubmit_id,
 };
 use crate::leases::Leases;
-use crate::runlock::{LockedRun, RunLockError, RunLocks};
+use crate::runlock::{JournalLocks, LockedRun, RunLockError, RunLocks, RunSection, SharedRun};
 use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
@@ -92,6 +92,7 @@ pub struct Registry {
     confinement: Confinement,
     clock: Arc<dyn Clock>,
     locks: RunLocks,
+    journals: JournalLocks,
     caches: Arc<RunCaches>,
 }
 
@@ -139,6 +140,7 @@ impl Registry {
         Self {
             locks: RunLocks::new(store.clone(), leases),
             caches: Arc::default(),
+            journals: JournalLocks::default(),
             store,
             confinement,
             clock,
@@ -158,6 +160,11 @@ impl Registry {
     /// Enters a run's critical section: every change to its files and rows happens inside.
     pub async fn lock(&self, paths: &SidecarPaths) -> Result<LockedRun, RunLockError> {
         self.locks.lock(paths).await
+    }
+
+    /// Enters a run's section in shared mode: reads and journal appends only.
+    pub async fn lock_shared(&self, paths: &SidecarPaths) -> Result<SharedRun, RunLockError> {
+        self.locks.lock_shared(paths).await
     }
 
     pub fn store(&self) -> &Store {
@@ -252,7 +259,7 @@ impl Registry {
     /// Journals a resume across operational drift (keys and digests, never values).
     pub async fn record_drift(
         &self,
-        run: &LockedRun,
+        run: &impl RunSection,
         manifest: &RunManifest,
         current_config_digest: &str,
         operational_keys: &[String],
@@ -267,6 +274,7 @@ impl Registry {
             current_config_digest: current_config_digest.to_owned(),
             operational_keys: keys,
         };
+        let _journal = self.journals.lock(&run.paths().resume_drift).await;
         let id = append_json_line(
             &run.paths().resume_drift,
             &manifest.run_id,

@@ -13,9 +13,17 @@
 //!    with [`RunLockError::Locked`], except on PostgreSQL when that holder is another replica's
 //!    live lease: then the advisory lock already excludes it.
 //!
-//! Invariants: the per-run mutex is the outermost lock and no lock is taken while waiting for it
-//! except the ones above in that order; no process-wide mutex is held across IO; dropping a
-//! [`LockedRun`] releases everything it took.
+//! A [`SharedRun`] is the same section in shared mode, for work that only reads the run's files
+//! and appends to a journal (a validation that reuses or resumes across operational drift):
+//! shared sections of one run run side by side, never beside an exclusive one; they hold the
+//! run's `flock` together (one taken for the first, released with the last), and each journal's
+//! appends are serialised by that journal's own mutex ([`JournalLocks`]), so a journal still has
+//! one writer.
+//!
+//! Invariants: the per-run lock is the outermost lock and no lock is taken while waiting for it
+//! except the ones above in that order; no process-wide mutex is held across IO (the shared
+//! `flock` map is held only to take or release a `flock`, a non-blocking call); dropping a
+//! section releases everything it took.
 
 use crate::leases::Leases;
 use recovery_sidecar::{LockError, RunLock, SidecarPaths};
@@ -24,7 +32,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 /// Why a run could not be locked.
 #[derive(Debug, thiserror::Error)]
@@ -38,26 +46,59 @@ pub enum RunLockError {
     Join(String),
 }
 
-/// This process's per-run mutexes (entries vanish once nobody holds or waits for them).
+/// This process's per-run locks (entries vanish once nobody holds or waits for them).
 #[derive(Debug, Clone, Default)]
 pub struct LocalRunLocks {
-    mutexes: Arc<Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>>,
+    locks: Arc<Mutex<HashMap<PathBuf, Weak<RwLock<()>>>>>,
 }
 
 impl LocalRunLocks {
-    /// Waits for this process's mutex of the run whose lock file is `run_lock`.
-    pub async fn lock(&self, run_lock: &Path) -> OwnedMutexGuard<()> {
+    fn entry(&self, run_lock: &Path) -> Arc<RwLock<()>> {
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(lock) = locks.get(run_lock).and_then(Weak::upgrade) {
+            return lock;
+        }
+        locks.retain(|_, weak| weak.strong_count() > 0);
+        let lock = Arc::new(RwLock::new(()));
+        locks.insert(run_lock.to_owned(), Arc::downgrade(&lock));
+        lock
+    }
+
+    /// Waits for this process's lock of the run whose lock file is `run_lock`, exclusively.
+    pub async fn lock(&self, run_lock: &Path) -> OwnedRwLockWriteGuard<()> {
+        self.entry(run_lock).write_owned().await
+    }
+
+    /// Waits for this process's lock of the run, shared with other readers.
+    pub async fn read(&self, run_lock: &Path) -> OwnedRwLockReadGuard<()> {
+        self.entry(run_lock).read_owned().await
+    }
+}
+
+/// One async mutex per journal file: appends under shared sections take it, so each journal
+/// has one writer at a time.
+#[derive(Debug, Clone, Default)]
+pub struct JournalLocks {
+    locks: Arc<Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>>,
+}
+
+impl JournalLocks {
+    /// Waits for the journal at `path`.
+    pub async fn lock(&self, path: &Path) -> OwnedMutexGuard<()> {
         let mutex = {
-            let mut mutexes = self
-                .mutexes
+            let mut locks = self
+                .locks
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            mutexes.retain(|_, weak| weak.strong_count() > 0);
-            match mutexes.get(run_lock).and_then(Weak::upgrade) {
+            match locks.get(path).and_then(Weak::upgrade) {
                 Some(mutex) => mutex,
                 None => {
+                    locks.retain(|_, weak| weak.strong_count() > 0);
                     let mutex = Arc::new(tokio::sync::Mutex::new(()));
-                    mutexes.insert(run_lock.to_owned(), Arc::downgrade(&mutex));
+                    locks.insert(path.to_owned(), Arc::downgrade(&mutex));
                     mutex
                 }
             }
@@ -73,6 +114,8 @@ enum Flock {
     Lease(#[allow(dead_code)] Arc<RunLock>),
     /// Taken for the section only.
     Section(#[allow(dead_code)] RunLock),
+    /// Taken for the shared sections of this run, released with the last of them.
+    Shared(#[allow(dead_code)] SharedFlock),
     /// Another replica's live lease holds it; the advisory lock excludes that replica.
     OtherReplica,
 }
@@ -84,7 +127,62 @@ pub struct LockedRun {
     paths: SidecarPaths,
     _flock: Flock,
     _advisory: AdvisoryLock,
-    _local: OwnedMutexGuard<()>,
+    _local: OwnedRwLockWriteGuard<()>,
+}
+
+/// A run locked in shared mode: its files are read and its journals appended to (through
+/// [`JournalLocks`]), never rewritten. Drops in the same order as [`LockedRun`].
+#[derive(Debug)]
+pub struct SharedRun {
+    paths: SidecarPaths,
+    _flock: Flock,
+    _advisory: AdvisoryLock,
+    _local: OwnedRwLockReadGuard<()>,
+}
+
+impl SharedRun {
+    /// The companions of the locked run's output.
+    pub fn paths(&self) -> &SidecarPaths {
+        &self.paths
+    }
+}
+
+/// A section in either mode: what journal appends need.
+pub trait RunSection: Send + Sync {
+    fn paths(&self) -> &SidecarPaths;
+}
+
+impl RunSection for LockedRun {
+    fn paths(&self) -> &SidecarPaths {
+        &self.paths
+    }
+}
+
+impl RunSection for SharedRun {
+    fn paths(&self) -> &SidecarPaths {
+        &self.paths
+    }
+}
+
+type SharedFlocks = Arc<Mutex<HashMap<PathBuf, Weak<RunLock>>>>;
+
+/// A `flock` shared by the shared sections of one run. It is released under the map's mutex, so
+/// the next shared section either finds it held or takes it after it was released, never while
+/// it is being released.
+#[derive(Debug)]
+struct SharedFlock {
+    map: SharedFlocks,
+    lock: Option<Arc<RunLock>>,
+}
+
+impl Drop for SharedFlock {
+    fn drop(&mut self) {
+        let _map = self
+            .map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.lock.take();
+    }
 }
 
 impl LockedRun {
@@ -100,14 +198,15 @@ impl LockedRun {
 #[derive(Debug)]
 pub struct RowsGuard {
     _advisory: AdvisoryLock,
-    _local: OwnedMutexGuard<()>,
+    _local: OwnedRwLockWriteGuard<()>,
 }
 
-/// Hands out [`LockedRun`]s.
+/// Hands out [`LockedRun`]s and [`SharedRun`]s.
 #[derive(Debug, Clone)]
 pub struct RunLocks {
     store: Store,
     leases: Leases,
+    shared_flocks: SharedFlocks,
 }
 
 /// The advisory lock key of a run: the first 8 bytes of SHA-256 of its lock path.
@@ -120,7 +219,11 @@ fn advisory_key(run_lock: &Path) -> i64 {
 
 impl RunLocks {
     pub fn new(store: Store, leases: Leases) -> Self {
-        Self { store, leases }
+        Self {
+            store,
+            leases,
+            shared_flocks: SharedFlocks::default(),
+        }
     }
 
     pub fn leases(&self) -> &Leases {
@@ -135,33 +238,72 @@ impl RunLocks {
             .store
             .advisory_lock(advisory_key(&paths.run_lock))
             .await?;
-        let flock = match self.leases.held_lock(&paths.run_lock) {
-            Some(lock) => Flock::Lease(lock),
-            None => {
-                let run_lock = paths.run_lock.clone();
-                let taken =
-                    tokio::task::spawn_blocking(move || RunLock::for_output(&run_lock, None))
-                        .await
-                        .map_err(|e| RunLockError::Join(e.to_string()))?;
-                match taken {
-                    Ok(lock) => Flock::Section(lock),
-                    Err(LockError::Owned(path)) => {
-                        if self.other_replica_holds(&paths.output).await? {
-                            Flock::OtherReplica
-                        } else {
-                            return Err(LockError::Owned(path).into());
-                        }
-                    }
-                    Err(e) => return Err(e.into()),
-                }
-            }
-        };
+        let flock = self.flock(paths, false).await?;
         Ok(LockedRun {
             paths: paths.clone(),
             _flock: flock,
             _advisory: advisory,
             _local: local,
         })
+    }
+
+    /// Enters the run's section in shared mode (see [`SharedRun`]).
+    pub async fn lock_shared(&self, paths: &SidecarPaths) -> Result<SharedRun, RunLockError> {
+        let local = self.leases.local().read(&paths.run_lock).await;
+        let advisory = self
+            .store
+            .advisory_lock_shared(advisory_key(&paths.run_lock))
+            .await?;
+        let flock = self.flock(paths, true).await?;
+        Ok(SharedRun {
+            paths: paths.clone(),
+            _flock: flock,
+            _advisory: advisory,
+            _local: local,
+        })
+    }
+
+    /// The run's `flock` for a section: our lease's, the one shared sections hold, or a new one.
+    async fn flock(&self, paths: &SidecarPaths, shared: bool) -> Result<Flock, RunLockError> {
+        if let Some(lock) = self.leases.held_lock(&paths.run_lock) {
+            return Ok(Flock::Lease(lock));
+        }
+        let (run_lock, map) = (paths.run_lock.clone(), self.shared_flocks.clone());
+        let taken = tokio::task::spawn_blocking(move || {
+            if !shared {
+                return RunLock::for_output(&run_lock, None).map(Flock::Section);
+            }
+            let mut flocks = map
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let lock = match flocks.get(&run_lock).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(RunLock::for_output(&run_lock, None)?);
+                    flocks.retain(|_, weak| weak.strong_count() > 0);
+                    flocks.insert(run_lock, Arc::downgrade(&lock));
+                    lock
+                }
+            };
+            drop(flocks);
+            Ok(Flock::Shared(SharedFlock {
+                map,
+                lock: Some(lock),
+            }))
+        })
+        .await
+        .map_err(|e| RunLockError::Join(e.to_string()))?;
+        match taken {
+            Ok(flock) => Ok(flock),
+            Err(LockError::Owned(path)) => {
+                if self.other_replica_holds(&paths.output).await? {
+                    Ok(Flock::OtherReplica)
+                } else {
+                    Err(LockError::Owned(path).into())
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Locks a run's rows only (see [`RowsGuard`]).

@@ -62,7 +62,7 @@ const POSTGRES_CONNECTIONS: u32 = 16;
 #[derive(Debug)]
 pub struct AdvisoryLock {
     /// In a mutex only to make the lock `Sync` (it is never locked concurrently).
-    held: std::sync::Mutex<Option<(PoolConnection<Any>, i64)>>,
+    held: std::sync::Mutex<Option<(PoolConnection<Any>, i64, bool)>>,
     _slot: Option<OwnedSemaphorePermit>,
 }
 
@@ -73,13 +73,18 @@ impl Drop for AdvisoryLock {
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        let Some((mut connection, key)) = held else {
+        let Some((mut connection, key, shared)) = held else {
             return;
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
+                let unlock = if shared {
+                    "SELECT pg_advisory_unlock_shared($1)"
+                } else {
+                    "SELECT pg_advisory_unlock($1)"
+                };
                 runtime.spawn(async move {
-                    let unlocked = sqlx::query("SELECT pg_advisory_unlock($1)")
+                    let unlocked = sqlx::query(unlock)
                         .bind(key)
                         .execute(&mut *connection)
                         .await;
@@ -163,6 +168,16 @@ impl Store {
     /// Holds the cross-replica lock named `key` until the result is dropped (waits for it). On
     /// SQLite nothing is held.
     pub async fn advisory_lock(&self, key: i64) -> Result<AdvisoryLock, StoreError> {
+        self.advisory(key, false).await
+    }
+
+    /// [`Self::advisory_lock`] in shared mode: shared holders of one key coexist, never with an
+    /// exclusive one.
+    pub async fn advisory_lock_shared(&self, key: i64) -> Result<AdvisoryLock, StoreError> {
+        self.advisory(key, true).await
+    }
+
+    async fn advisory(&self, key: i64, shared: bool) -> Result<AdvisoryLock, StoreError> {
         if self.backend == Backend::Sqlite {
             return Ok(AdvisoryLock {
                 held: std::sync::Mutex::new(None),
@@ -176,12 +191,17 @@ impl Store {
             .await
             .map_err(|_| StoreError::Closed)?;
         let mut connection = self.pool.acquire().await?;
-        sqlx::query("SELECT pg_advisory_lock($1)")
+        let take = if shared {
+            "SELECT pg_advisory_lock_shared($1)"
+        } else {
+            "SELECT pg_advisory_lock($1)"
+        };
+        sqlx::query(take)
             .bind(key)
             .execute(&mut *connection)
             .await?;
         Ok(AdvisoryLock {
-            held: std::sync::Mutex::new(Some((connection, key))),
+            held: std::sync::Mutex::new(Some((connection, key, shared))),
             _slot: Some(slot),
         })
     }

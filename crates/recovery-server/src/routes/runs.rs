@@ -259,14 +259,13 @@ async fn validate_inner(
         rows: request.rows.clone(),
         allow_unsafe: request.allow_unsafe,
     };
-    // The verdict is read and acted on inside the run's critical section: a manifest rewrite or
-    // a journal line never races another writer, and is refused while another process owns it.
-    let run = state.registry.lock(paths).await?;
+    // The verdict is read and acted on inside the run's section: a manifest rewrite or a journal
+    // line never races another writer, and is refused while another process owns the run.
     let mut digest = ResumeDigest::default();
     let result = state
         .registry
         .validate(
-            &run,
+            paths,
             &run_id,
             resume,
             &state.config.drift_policy,

@@ -935,3 +935,58 @@ async fn a_change_whose_client_goes_away_still_reaches_both_the_journal_and_the_
         "every journalled line has its row, with no restart"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn validations_share_a_run_while_changes_wait_for_it() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let reader = app
+        .state
+        .registry
+        .lock_shared(&paths)
+        .await
+        .expect("shared section");
+    // Validations enter beside a shared section: reuse and a drift resume both answer.
+    for port in [8000, 9100] {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(app.validate_body(0.3, port)),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    }
+    // A change waits for the shared section to end.
+    let exclusive = app.state.registry.lock(&paths);
+    tokio::pin!(exclusive);
+    let entered = tokio::select! {
+        biased;
+        _ = &mut exclusive => true,
+        () = std::future::ready(()) => false,
+    };
+    assert!(
+        !entered,
+        "an exclusive section never runs beside a shared one"
+    );
+    drop(reader);
+    drop(
+        exclusive
+            .await
+            .expect("the change enters once the readers are gone"),
+    );
+    // And a Python collector can own the run once every section has ended.
+    let python = PythonLock::hold(&paths.run_lock);
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 9200)),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::LOCKED, "{}", reply.body);
+    drop(python);
+}
