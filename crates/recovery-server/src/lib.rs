@@ -246,6 +246,7 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         leases,
         metrics: state::metrics_handle(),
         heavy: Arc::new(state::HeavyWork::for_this_machine()),
+        plans: Arc::new(state::HeavyWork::plans_for_this_machine()),
     })
 }
 

@@ -14,7 +14,11 @@ pub struct AppState {
     pub registry: Registry,
     pub leases: Leases,
     pub metrics: PrometheusHandle,
+    /// Bounds batch classification.
     pub heavy: Arc<HeavyWork>,
+    /// Bounds plan builds (each reads a run's whole files; a 100k-rollout plan takes seconds
+    /// and a gigabyte), separately and more tightly than other heavy work.
+    pub plans: Arc<HeavyWork>,
 }
 
 /// The bound on heavy blocking work (classifying, planning): a few run at once, a bounded
@@ -41,6 +45,38 @@ impl HeavyWork {
     pub fn for_this_machine() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::new(2 * cores, 64 * cores)
+    }
+
+    /// For plan builds: one per core running, four per core waiting.
+    pub fn plans_for_this_machine() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::new(cores, 4 * cores)
+    }
+
+    /// Runs blocking `work` within the bound: waits for a place, or answers 503 `overloaded`
+    /// when the queue is full.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> ApiResult<T> + Send + 'static,
+    ) -> ApiResult<T> {
+        use std::sync::atomic::Ordering;
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::new(
+                ErrorCode::Overloaded,
+                "the service is saturated with heavy work; retry after the Retry-After seconds",
+            ));
+        }
+        let waiting = Waiting(&self.waiting);
+        let _permit = self
+            .running
+            .acquire()
+            .await
+            .map_err(|e| ApiError::internal("waiting for a worker", e))?;
+        drop(waiting);
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| ApiError::internal("background work", e))?
     }
 }
 
@@ -111,30 +147,6 @@ impl AppState {
         tokio::spawn(work)
             .await
             .map_err(|e| ApiError::internal("a run change", e))?
-    }
-
-    /// Runs heavy blocking work within [`HeavyWork`]'s bound.
-    pub async fn heavy<T: Send + 'static>(
-        &self,
-        work: impl FnOnce() -> ApiResult<T> + Send + 'static,
-    ) -> ApiResult<T> {
-        use std::sync::atomic::Ordering;
-        let heavy = &self.heavy;
-        if heavy.waiting.fetch_add(1, Ordering::SeqCst) >= heavy.max_waiting {
-            heavy.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::new(
-                ErrorCode::Overloaded,
-                "the service is saturated with heavy work; retry after the Retry-After seconds",
-            ));
-        }
-        let waiting = Waiting(&heavy.waiting);
-        let _permit = heavy
-            .running
-            .acquire()
-            .await
-            .map_err(|e| ApiError::internal("waiting for a worker", e))?;
-        drop(waiting);
-        self.blocking(work).await
     }
 
     /// Runs blocking file work off the executor.

@@ -202,7 +202,7 @@ pub async fn classify(
     ApiJsonBytes(body): ApiJsonBytes,
 ) -> ApiResult<Json<ClassifyResponse>> {
     caller.require(Role::Viewer)?;
-    let decisions = state.heavy(move || classify_batch(&body)).await?;
+    let decisions = state.heavy.run(move || classify_batch(&body)).await?;
     Ok(Json(ClassifyResponse { decisions }))
 }
 
@@ -239,7 +239,8 @@ pub async fn plan(
     let (_, paths) = state.run(&run_id).await?;
     let cap = state.config.default_max_attempts;
     let (_, plan) = state
-        .heavy(move || Ok(runfiles::build_plan(&paths, cap)?))
+        .plans
+        .run(move || Ok(runfiles::build_plan(&paths, cap)?))
         .await?;
     Ok(Json(PlanResponse {
         run_id: plan.run_id.clone(),
