@@ -193,8 +193,11 @@ impl Leases {
             .map_err(|e| LeaseError::Join(e.to_string()))??;
         let granted = self.store.try_acquire_lease(&lease, &now).await?;
         if granted.lease_id != lease.lease_id {
-            // Another replica's live lease: keep out (our lock is released on drop).
-            return Err(LeaseError::Held(Box::new(granted)));
+            // A live lease, yet we hold the flock its holder would hold: that holder is gone (a
+            // crash or a kill); the lease is an orphan and is replaced, audited.
+            self.store.replace_lease(&lease).await?;
+            self.audit("system", "lease.orphaned", &request.run_id, serde_json::json!({"holder": granted.holder, "host": granted.host, "pid": granted.pid, "replica": granted.replica, "why": "no process held the run's flock"})).await?;
+            tracing::warn!(run_id = %request.run_id, holder = %granted.holder, "replaced a lease whose process is gone");
         }
         self.held().insert(
             request.run_id.clone(),

@@ -41,6 +41,9 @@ pub enum OpError {
     Conflict(String),
     #[error("{0}")]
     LeaseNotHeld(String),
+    /// A live lease holds the run (the change needs it free).
+    #[error("run {} is held by {}", .0.run_id, .0.holder)]
+    Leased(Box<recovery_store::Lease>),
     #[error("{message}")]
     RunExists {
         message: String,
@@ -250,19 +253,80 @@ impl Registry {
 
     /// Refuses unless `lease_id` holds the run now (checked inside the section, so the lease
     /// cannot end between the check and the change).
-    pub async fn check_lease_holder(&self, run_id: &str, lease_id: &str) -> Result<(), OpError> {
-        let now = self.clock().now_text();
-        let live = self
-            .store()
-            .get_lease(run_id)
-            .await?
-            .is_some_and(|l| l.lease_id == lease_id && l.expires_at > now);
-        if live {
+    pub async fn check_lease_holder(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        lease_id: &str,
+    ) -> Result<(), OpError> {
+        let live = self.live_lease_in(run, run_id).await?;
+        if live.is_some_and(|l| l.lease_id == lease_id) {
             Ok(())
         } else {
             Err(OpError::LeaseNotHeld(format!(
                 "lease {lease_id} does not hold run {run_id}"
             )))
+        }
+    }
+
+    /// Refuses while a live lease holds the run (seen from inside its section).
+    pub async fn check_unleased(&self, run: &LockedRun, run_id: &str) -> Result<(), OpError> {
+        match self.live_lease_in(run, run_id).await? {
+            Some(lease) => Err(OpError::Leased(Box::new(lease))),
+            None => Ok(()),
+        }
+    }
+
+    /// The run's live lease seen from inside its section: a lease whose process is gone (the
+    /// section took the `flock` itself, so nobody holds it) is ended, audited, and not live.
+    async fn live_lease_in(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+    ) -> Result<Option<recovery_store::Lease>, OpError> {
+        let now = self.clock().now_text();
+        let Some(lease) = self
+            .store()
+            .get_lease(run_id)
+            .await?
+            .filter(|l| l.expires_at > now)
+        else {
+            return Ok(None);
+        };
+        if !run.took_the_flock() {
+            return Ok(Some(lease));
+        }
+        self.store().release_lease(run_id, &lease.lease_id).await?;
+        self.audit(
+            "system",
+            "lease.orphaned",
+            Some(run_id),
+            serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "replica": lease.replica, "why": "no process holds the run's flock: its holder is gone"}),
+        )
+        .await?;
+        tracing::warn!(run_id, holder = %lease.holder, "a lease whose process is gone was ended");
+        Ok(None)
+    }
+
+    /// The run's live lease: checked against the run's `flock` when this process does not hold
+    /// it, so a lease whose process died (a crash, a kill) is ended rather than reported live.
+    pub async fn live_lease(
+        &self,
+        paths: &SidecarPaths,
+        run_id: &str,
+    ) -> Result<Option<recovery_store::Lease>, OpError> {
+        let lease = self.leases().holder(run_id).await.map_err(|e| match e {
+            crate::LeaseError::Store(e) => OpError::Store(e),
+            other => OpError::Join(other.to_string()),
+        })?;
+        if lease.is_none() || self.leases().held_lock(&paths.run_lock).is_some() {
+            return Ok(lease);
+        }
+        match self.lock(paths).await {
+            Ok(run) => self.live_lease_in(&run, run_id).await,
+            // Another process holds the flock: the lease's holder, alive.
+            Err(crate::RunLockError::Locked(_)) => Ok(lease),
+            Err(e) => Err(RegistryError::from(e).into()),
         }
     }
 
@@ -624,6 +688,12 @@ impl Registry {
 
     async fn check_output(&self, paths: &SidecarPaths, source: &Path) -> Result<(), OpError> {
         let refuse = |why: String| Err(OpError::PathRefused(format!("output_path: {why}")));
+        if let Some(link) = paths.symlinks().first() {
+            return refuse(format!(
+                "{} is a symbolic link: a run's files are written beside its output, never through a link",
+                link.display()
+            ));
+        }
         if paths.output.is_dir() {
             return refuse(format!("{} is a directory", paths.output.display()));
         }
@@ -1263,10 +1333,11 @@ fn publish_files(
             let _ = std::fs::remove_file(stale);
         }
         for outcome in [&paths.output, &paths.failures] {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(outcome)?;
+            std::os::unix::fs::OpenOptionsExt::custom_flags(
+                std::fs::OpenOptions::new().create(true).append(true),
+                libc::O_NOFOLLOW,
+            )
+            .open(outcome)?;
         }
         Ok(())
     };

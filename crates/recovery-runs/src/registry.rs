@@ -600,21 +600,31 @@ impl Registry {
             paths.attempt_extension.clone(),
             paths.resubmit_offset.clone(),
         );
-        let (drift, approvals, extensions, offsets) = blocking(move || {
-            let read = |path: &PathBuf| {
-                read_lines(path).map_err(io(format!("reading {}", path.display())))
+        // A journal that cannot be read (a symbolic link, which is never followed, or an IO
+        // error) is reported and indexed as empty: reindex never fails on one run's files.
+        let (drift, approvals, extensions, offsets, problems) = blocking(move || {
+            let mut problems = Vec::new();
+            let mut read_at = |path: &PathBuf| {
+                read_lines_at(path).unwrap_or_else(|e| {
+                    problems.push((path.display().to_string(), e.to_string()));
+                    Vec::new()
+                })
             };
-            let read_at = |path: &PathBuf| {
-                read_lines_at(path).map_err(io(format!("reading {}", path.display())))
+            let (drift, approvals) = (read_at(&journals.0), read_at(&journals.1));
+            let (extensions, offsets) = (read_at(&journals.2), read_at(&journals.3));
+            let plain = |lines: Vec<(u64, Vec<u8>)>| -> Vec<Vec<u8>> {
+                lines.into_iter().map(|(_, line)| line).collect()
             };
             Ok((
-                read_at(&journals.0)?,
-                read(&journals.1)?,
-                read_at(&journals.2)?,
-                read(&journals.3)?,
+                drift,
+                plain(approvals),
+                extensions,
+                plain(offsets),
+                problems,
             ))
         })
         .await?;
+        report.unreadable.extend(problems);
         let mut events = Vec::with_capacity(drift.len());
         for (offset, bytes) in &drift {
             match serde_json::from_slice::<DriftLine>(bytes) {

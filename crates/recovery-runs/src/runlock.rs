@@ -190,6 +190,13 @@ impl LockedRun {
     pub fn paths(&self) -> &SidecarPaths {
         &self.paths
     }
+
+    /// Whether this section took the run's `flock` itself: then no other process holds it, so
+    /// a lease the database records for another holder has lost its process (a crash): the
+    /// lease is an orphan.
+    pub fn took_the_flock(&self) -> bool {
+        matches!(self._flock, Flock::Section(_) | Flock::Shared(_))
+    }
 }
 
 /// A run's rows locked against this service's writers (the per-run mutex and, on PostgreSQL,

@@ -221,6 +221,11 @@ impl From<recovery_runs::OpError> for ApiError {
             }
             OpError::Conflict(m) => Self::new(ErrorCode::Conflict, m),
             OpError::LeaseNotHeld(m) => Self::new(ErrorCode::LeaseNotHeld, m),
+            OpError::Leased(lease) => Self::new(
+                ErrorCode::RunLocked,
+                format!("run {} is held by {}", lease.run_id, lease.holder),
+            )
+            .with_details(serde_json::json!({"holder": lease_holder(&lease)})),
             OpError::RunExists { message, run_id } => Self::new(ErrorCode::RunExists, message)
                 .with_details(serde_json::json!({"run_id": run_id})),
             OpError::Superseded { run_id, by } => Self::superseded(&run_id, &by),

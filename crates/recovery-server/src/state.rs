@@ -161,18 +161,30 @@ impl AppState {
 
     /// Refuses callers when another client holds a live lease on the run (423 with the holder),
     /// unless they present that lease's id.
-    pub async fn check_lease(&self, run_id: &str, presented: Option<&str>) -> ApiResult<()> {
-        let now = self.registry.clock().now_text();
-        if let Some(lease) = self.registry.store().get_lease(run_id).await?
-            && lease.expires_at > now
-            && presented != Some(lease.lease_id.as_str())
-        {
-            return Err(ApiError::new(
-                ErrorCode::RunLocked,
-                format!("run {run_id} is held by {}", lease.holder),
-            )
-            .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})));
+    /// A presented lease id that does not hold the run is refused (`lease_not_held`): a collector
+    /// whose lease ended is never told it may go on.
+    pub async fn check_lease(
+        &self,
+        paths: &SidecarPaths,
+        run_id: &str,
+        presented: Option<&str>,
+    ) -> ApiResult<()> {
+        let lease = self.registry.live_lease(paths, run_id).await?;
+        match (lease, presented) {
+            (Some(lease), presented) if presented != Some(lease.lease_id.as_str()) => {
+                Err(ApiError::new(
+                    ErrorCode::RunLocked,
+                    format!("run {run_id} is held by {}", lease.holder),
+                )
+                .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})))
+            }
+            (None, Some(presented)) => Err(ApiError::new(
+                ErrorCode::LeaseNotHeld,
+                format!(
+                    "lease {presented} does not hold run {run_id} (expired, released or taken over)"
+                ),
+            )),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }

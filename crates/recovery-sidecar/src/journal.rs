@@ -7,6 +7,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// What `prepare_append` did to an unterminated tail.
@@ -22,7 +23,12 @@ pub enum TailRepair {
 
 /// Repairs an unterminated tail (see the module invariants); `Clean` for a missing file.
 pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
-    let mut file = match OpenOptions::new().read(true).write(true).open(path) {
+    let mut file = match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TailRepair::Clean),
         Err(e) => return Err(e),
@@ -85,7 +91,12 @@ pub fn append_line_at(path: &Path, line: &[u8]) -> std::io::Result<(TailRepair, 
         ));
     }
     let repair = prepare_append(path)?;
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    // Never through a symbolic link: a journal is written beside its output, nowhere else.
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
     let offset = file.metadata()?.len();
     let mut buffer = Vec::with_capacity(line.len() + 1);
     buffer.extend_from_slice(line);
@@ -111,7 +122,11 @@ pub fn read_lines(path: &Path) -> std::io::Result<Vec<Vec<u8>>> {
 
 /// [`read_lines`] with each line's byte offset.
 pub fn read_lines_at(path: &Path) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
-    let file = match File::open(path) {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),

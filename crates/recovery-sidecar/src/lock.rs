@@ -7,6 +7,7 @@
 
 use fd_lock::RwLock;
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 /// Why a lock was not taken.
@@ -47,6 +48,7 @@ impl RunLock {
                 .read(true)
                 .append(true)
                 .create(true)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(&path)
                 .map_err(io)?;
             let mut lock = RwLock::new(file);

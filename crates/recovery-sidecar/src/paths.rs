@@ -27,6 +27,10 @@ pub enum PathError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "output path {0:?} is a symbolic link to nothing: the service never writes through one"
+    )]
+    DanglingSymlink(PathBuf),
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
         path: PathBuf,
@@ -83,6 +87,10 @@ impl Confinement {
             match std::fs::canonicalize(&existing) {
                 Ok(resolved) => break resolved,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    // A link to nothing would be followed by the file's creation, to anywhere.
+                    if std::fs::symlink_metadata(&existing).is_ok() {
+                        return Err(PathError::DanglingSymlink(requested.to_owned()));
+                    }
                     let Some(name) = existing.file_name().map(OsString::from) else {
                         return Err(PathError::Unresolvable {
                             path: requested.to_owned(),
@@ -181,6 +189,32 @@ pub fn checkpoint_lock_path(checkpoint_dir: &Path) -> PathBuf {
 }
 
 impl SidecarPaths {
+    /// Every companion (the output included) that is a symbolic link: the service refuses to
+    /// run an output whose files could lead outside the roots.
+    pub fn symlinks(&self) -> Vec<&Path> {
+        [
+            &self.output,
+            &self.failures,
+            &self.materialized,
+            &self.manifest,
+            &self.identity,
+            &self.resume_drift,
+            &self.run_lock,
+            &self.coverage,
+            &self.attempt_extension,
+            &self.rerun_masked,
+            &self.resubmit_offset,
+            &self.classification_policy,
+            &self.draft_journal,
+            &self.aggregate_metrics,
+            &self.replace_intent,
+        ]
+        .into_iter()
+        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()))
+        .map(PathBuf::as_path)
+        .collect()
+    }
+
     /// The companions of an output path (resolve it first: the run lock is named on the resolved
     /// path so that symlink aliases share it).
     pub fn for_output(output: &Path) -> Self {

@@ -193,8 +193,18 @@ fn journals_repair_torn_tails_and_never_rewrite_complete_lines() {
     );
 }
 
+/// Lock tests run one at a time: a process spawned by one test inherits, between its fork and
+/// its exec, the open lock files of another test's thread, and holds their `flock` meanwhile.
+fn serial_locks() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn a_run_lock_excludes_a_second_owner_until_released_and_follows_aliases() {
+    let _serial = serial_locks();
     let dir = tempfile::tempdir().expect("dir");
     let output = dir.path().join("out.jsonl");
     std::fs::write(&output, b"").expect("output");
@@ -231,6 +241,7 @@ fn a_run_lock_excludes_a_second_owner_until_released_and_follows_aliases() {
 
 #[test]
 fn concurrent_acquirers_of_one_lock_get_exactly_one_owner() {
+    let _serial = serial_locks();
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("out_run.lock");
     let barrier = std::sync::Barrier::new(64);
@@ -256,6 +267,7 @@ const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry
 
 #[test]
 fn a_python_collector_and_this_service_exclude_each_other() {
+    let _serial = serial_locks();
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("out_run.lock");
     let mut holder = Command::new("python3")

@@ -169,8 +169,9 @@ pub async fn holder(
 ) -> ApiResult<Json<serde_json::Value>> {
     caller.require(Role::Viewer)?;
     let (_, paths) = state.run(&run_id).await?;
-    // An expired lease of ours is ended (its flock released) before it is reported gone.
-    let lease = state.leases.holder(&run_id).await?;
+    // An expired lease of ours is ended (its flock released) before it is reported gone, and a
+    // lease whose process is gone (nobody holds the flock) is ended, not reported live.
+    let lease = state.registry.live_lease(&paths, &run_id).await?;
     // Without a live lease, probe the run's flock: a holder outside the service (a Python
     // collector, another service process without a lease) is reported.
     let externally_locked = match &lease {

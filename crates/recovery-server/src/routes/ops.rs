@@ -151,7 +151,7 @@ pub async fn resubmit(
     caller.require(Role::Operator)?;
     let (_, run) = state.locked_run(&run_id).await?;
     // No live lease may be writing failures while the history is repaired and counted.
-    state.check_lease(&run_id, None).await?;
+    state.registry.check_unleased(&run, &run_id).await?;
     let work = state.clone();
     state
         .detached(async move {
@@ -182,7 +182,10 @@ pub struct ReserveResponse {
 /// lease cannot end between the check and the change).
 async fn leased_run(state: &AppState, run_id: &str, lease_id: &str) -> ApiResult<LockedRun> {
     let (_, run) = state.locked_run(run_id).await?;
-    state.registry.check_lease_holder(run_id, lease_id).await?;
+    state
+        .registry
+        .check_lease_holder(&run, run_id, lease_id)
+        .await?;
     Ok(run)
 }
 

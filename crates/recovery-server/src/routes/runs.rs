@@ -249,7 +249,7 @@ async fn validate_inner(
 ) -> ApiResult<ValidateResponse> {
     let run_id = event.run_id.clone().unwrap_or_default();
     state
-        .check_lease(&run_id, request.lease_id.as_deref())
+        .check_lease(paths, &run_id, request.lease_id.as_deref())
         .await?;
     let resume = ResumeRequest {
         config: request.config.clone(),

@@ -990,3 +990,175 @@ async fn validations_share_a_run_while_changes_wait_for_it() {
     assert_eq!(reply.status, StatusCode::LOCKED, "{}", reply.body);
     drop(python);
 }
+
+#[tokio::test]
+async fn nothing_is_ever_written_through_a_symbolic_link_out_of_the_roots() {
+    let app = TestApp::new().await;
+    let outside = tempfile::tempdir().expect("outside");
+    let precious = outside.path().join("precious.txt");
+    std::fs::write(&precious, "KEEP-THIS-LINE\nAND-THIS-PARTIAL-TAIL").expect("precious");
+    let dir = app.root.join("sym");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let links = [
+        (
+            "an output linked to nothing outside",
+            "f.jsonl",
+            outside.path().join("target.jsonl"),
+        ),
+        (
+            "a failures sidecar linked to nothing outside",
+            "g_failures.jsonl",
+            outside.path().join("victim_failures"),
+        ),
+        (
+            "a run lock linked to nothing outside",
+            "h_run.lock",
+            outside.path().join("victim_lock"),
+        ),
+        (
+            "a drift journal linked to a file outside",
+            "q_manifest_resume_drift.jsonl",
+            precious.clone(),
+        ),
+    ];
+    for (case, name, target) in &links {
+        std::os::unix::fs::symlink(target, dir.join(name)).expect("link");
+        let output = dir.join(format!(
+            "{}.jsonl",
+            name.split(['.', '_']).next().expect("stem")
+        ));
+        let mut body = app.create_body();
+        body["output_path"] = json!(output);
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{case}: {}",
+            reply.body
+        );
+        assert_eq!(reply.body["code"], "path_refused", "{case}");
+    }
+    let mut outside_files: Vec<String> = std::fs::read_dir(outside.path())
+        .expect("outside")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    outside_files.sort();
+    assert_eq!(
+        outside_files,
+        ["precious.txt"],
+        "nothing was created outside the roots"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&precious).expect("precious"),
+        "KEEP-THIS-LINE\nAND-THIS-PARTIAL-TAIL",
+        "nothing outside was truncated or appended to"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_whose_process_died_is_ended_not_reported_live() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    // A lease granted by a service process that was then killed: the row stays, its flock died
+    // with the process.
+    let now = time::OffsetDateTime::now_utc();
+    let orphan = recovery_store::Lease {
+        run_id: run_id.clone(),
+        lease_id: "0".repeat(32),
+        holder: "collector-killed".into(),
+        host: "node-9".into(),
+        pid: 4242,
+        acquired_at: recovery_sidecar::format_rfc3339(now),
+        renewed_at: recovery_sidecar::format_rfc3339(now),
+        expires_at: recovery_sidecar::format_rfc3339(now + time::Duration::hours(1)),
+        replica: "host-killed-pid".into(),
+    };
+    let store = app.state.registry.store();
+    store
+        .try_acquire_lease(&orphan, &recovery_sidecar::format_rfc3339(now))
+        .await
+        .expect("orphan row");
+    let reported = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(reported.body["holder"], Value::Null, "{}", reported.body);
+    store
+        .try_acquire_lease(&orphan, &recovery_sidecar::format_rfc3339(now))
+        .await
+        .expect("orphan row again");
+    let reserve = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": orphan.lease_id, "rollout_ids": ["0-0"]})),
+        )
+        .await;
+    assert_eq!(reserve.body["code"], "lease_not_held", "{}", reserve.body);
+    store
+        .try_acquire_lease(&orphan, &recovery_sidecar::format_rfc3339(now))
+        .await
+        .expect("orphan row again");
+    let acquired = app.lease(&run_id, "collector-new").await;
+    assert_eq!(
+        acquired.status,
+        StatusCode::CREATED,
+        "a new collector takes the run: {}",
+        acquired.body
+    );
+    let audit = store.list_audit(Some(&run_id), 100).await.expect("audit");
+    assert!(
+        audit.iter().any(|a| a.action == "lease.orphaned"),
+        "ending an orphan is audited"
+    );
+    let stale = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some({
+                let mut body = app.validate_body(0.3, 8000);
+                body["lease_id"] = json!("f".repeat(32));
+                body
+            }),
+        )
+        .await;
+    assert_eq!(
+        stale.status,
+        StatusCode::LOCKED,
+        "another's live lease refuses: {}",
+        stale.body
+    );
+    let new_lease = acquired.body["lease_id"].as_str().expect("lease");
+    let released = app
+        .call(
+            Method::DELETE,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": new_lease})),
+        )
+        .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT);
+    let mut body = app.validate_body(0.3, 8000);
+    body["lease_id"] = json!(new_lease);
+    let ended = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(body),
+        )
+        .await;
+    assert_eq!(
+        ended.body["code"], "lease_not_held",
+        "a collector whose lease ended is not told to go on: {}",
+        ended.body
+    );
+}
