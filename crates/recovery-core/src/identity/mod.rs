@@ -307,7 +307,9 @@ pub fn configuration_identity(
     identity.insert(TOKEN_ID_CAPTURE.into(), capture);
     let mut identity = Value::Object(identity);
     if form == IdentityForm::Current {
-        identity = without_null_defaults(&identity);
+        // Interpolation can bring a credential in from the environment (`${oc.env:URL}` holding
+        // `https://u:secret@host`): what the identity persists is redacted once more after it.
+        identity = credential_safe(&without_null_defaults(&identity), false);
     }
     Ok(identity)
 }

@@ -1162,3 +1162,25 @@ async fn a_lease_whose_process_died_is_ended_not_reported_live() {
         ended.body
     );
 }
+
+#[tokio::test]
+async fn a_credential_interpolated_from_the_environment_never_reaches_a_file() {
+    let app = TestApp::new().await;
+    let secret = "sk-live-ENV-INTERPOLATED-9";
+    let mut body = app.create_body();
+    body["environment"]["NGT_REVIEW_PROMPT"] =
+        json!(format!("https://user:{secret}@judge.example/v1"));
+    let created = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert!(!created.body.to_string().contains(secret));
+    for file in files_under(&app.root) {
+        let bytes = std::fs::read(&file).expect("read");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(secret),
+            "{} holds the interpolated secret",
+            file.display()
+        );
+    }
+}
