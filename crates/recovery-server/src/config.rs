@@ -146,7 +146,9 @@ impl ServerConfig {
             });
         }
         let token = authorization
-            .and_then(|h| h.strip_prefix("Bearer "))
+            .and_then(|h| h.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim())
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorCode::Unauthenticated,

@@ -47,6 +47,8 @@ pub enum ErrorCode {
     NotEligible,
     /// The approval was used or revoked already, or a re-judgment closed.
     Conflict,
+    /// The route exists, but not with this method.
+    MethodNotAllowed,
     /// The request body exceeds the configured limit.
     PayloadTooLarge,
     /// Too much heavy work (hashing, planning, classifying) is queued: retry after the
@@ -76,6 +78,7 @@ impl ErrorCode {
             Self::RunLocked => StatusCode::LOCKED,
             Self::LeaseNotHeld => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -137,8 +140,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.code.status();
-        metrics::counter!("rollout_recovery_errors_total", "code" => format!("{:?}", self.code))
-            .increment(1);
+        let code = serde_json::to_value(self.code)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        metrics::counter!("rollout_recovery_errors_total", "code" => code).increment(1);
         let retry_after = (self.code == ErrorCode::Overloaded)
             .then_some([(axum::http::header::RETRY_AFTER, "1")]);
         (
@@ -391,6 +397,41 @@ where
                         .trim_start_matches("Failed to deserialize query string: ")
                 ))
             })
+    }
+}
+
+/// Answers that layers below the handlers produce as plain text (a body over the limit refused
+/// from its Content-Length, a method the route does not take) are put in the API error shape.
+pub async fn in_error_shape(response: Response) -> Response {
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if is_json {
+        return response;
+    }
+    match response.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            "the request body is larger than the service accepts (RR_BODY_LIMIT_MB)",
+        )
+        .into_response(),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = response.headers().get(axum::http::header::ALLOW).cloned();
+            let mut shaped = ApiError::new(
+                ErrorCode::MethodNotAllowed,
+                "this route does not take that method (see the Allow header)",
+            )
+            .into_response();
+            if let Some(allowed) = allowed {
+                shaped
+                    .headers_mut()
+                    .insert(axum::http::header::ALLOW, allowed);
+            }
+            shaped
+        }
+        _ => response,
     }
 }
 

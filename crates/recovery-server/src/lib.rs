@@ -166,6 +166,8 @@ pub fn app(state: AppState) -> Router {
             axum::http::StatusCode::REQUEST_TIMEOUT,
             timeout,
         ))
+        // Outermost: plain-text answers of the layers above come out in the error shape.
+        .layer(middleware::map_response(error::in_error_shape))
         .with_state(state)
 }
 

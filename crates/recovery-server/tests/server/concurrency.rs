@@ -1184,3 +1184,53 @@ async fn a_credential_interpolated_from_the_environment_never_reaches_a_file() {
         );
     }
 }
+
+#[tokio::test]
+async fn refusals_below_the_handlers_answer_in_the_error_shape_too() {
+    let app = TestApp::with(|config| config.body_limit_bytes = 1024).await;
+    let big = "x".repeat(4096);
+    let request = Request::builder()
+        .method(Method::POST)
+        .uri("/classify")
+        .header("authorization", format!("bearer {VIEWER}"))
+        .header("content-type", "application/json")
+        .header("content-length", big.len().to_string())
+        .body(Body::from(big))
+        .expect("request");
+    let response = recovery_server::app(app.state.clone())
+        .oneshot(request)
+        .await
+        .expect("response");
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let body: Value = serde_json::from_slice(
+        &axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("body"),
+    )
+    .expect("json body");
+    assert_eq!(body["code"], "payload_too_large");
+    let wrong_method = app
+        .call(Method::PUT, "/runs", Some(VIEWER), Some(json!({})))
+        .await;
+    assert_eq!(wrong_method.status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(
+        wrong_method.body["code"], "method_not_allowed",
+        "{}",
+        wrong_method.body
+    );
+    let lowercase = Request::builder()
+        .method(Method::GET)
+        .uri("/runs")
+        .header("authorization", format!("bearer {VIEWER}"))
+        .body(Body::empty())
+        .expect("request");
+    let response = recovery_server::app(app.state.clone())
+        .oneshot(lowercase)
+        .await
+        .expect("response");
+    assert_eq!(
+        response.status(),
+        StatusCode::OK,
+        "the scheme is case-insensitive"
+    );
+}
