@@ -108,6 +108,18 @@ pub enum SemanticReason {
     Unclassified,
 }
 
+impl SemanticReason {
+    /// A stable snake_case code and the segment it names, for API answers.
+    pub fn describe(&self) -> (&'static str, Option<&str>) {
+        match self {
+            Self::ListedKey(segment) => ("listed_key", Some(segment)),
+            Self::AssetPath(segment) => ("asset_path", Some(segment)),
+            Self::SemanticPart(segment) => ("semantic_part", Some(segment)),
+            Self::Unclassified => ("unclassified", None),
+        }
+    }
+}
+
 /// The class of one differing key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyClass {

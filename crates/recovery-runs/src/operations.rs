@@ -542,18 +542,26 @@ impl Registry {
         let details = serde_json::json!({"state": entry.state, "reason": entry.reason, "latest_attempt": entry.latest_attempt});
         if entry.latest_attempt != Some(attempt_index) {
             return Err(OpError::NotEligible {
-                message: format!(
-                    "attempt {attempt_index} is not the rollout's latest attempt ({:?})",
-                    entry.latest_attempt
-                ),
+                message: match entry.latest_attempt {
+                    Some(latest) => format!(
+                        "attempt {attempt_index} is not the rollout's latest attempt ({latest})"
+                    ),
+                    None => format!(
+                        "attempt {attempt_index} was never made: the rollout has no attempt yet"
+                    ),
+                },
                 details,
             });
         }
         if entry.state != PlanState::AwaitingApproval {
             return Err(OpError::NotEligible {
                 message: format!(
-                    "only a masked result that kept an answer without a grade is eligible; this attempt is {:?}: {}",
-                    entry.state, entry.reason
+                    "only a masked result that kept an answer without a grade is eligible; this attempt is {}: {}",
+                    serde_json::to_value(entry.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    entry.reason
                 ),
                 details,
             });
@@ -710,6 +718,20 @@ impl Registry {
             .parent()
             .map(Path::to_owned)
             .unwrap_or_default();
+        if let Some(owner) = std::fs::read(&paths.manifest)
+            .ok()
+            .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
+            && let Some(record) = self.store().get_run(&owner.run_id).await?
+            && Path::new(&record.output_path) != paths.output
+            && record.superseded_by.is_none()
+        {
+            return refuse(format!(
+                "its companions ({}) belong to run {} at {}",
+                paths.manifest.display(),
+                owner.run_id,
+                record.output_path
+            ));
+        }
         for suffix in recovery_sidecar::paths::COMPANION_SUFFIXES {
             let Some(stem) = name.strip_suffix(suffix).filter(|s| !s.is_empty()) else {
                 continue;
@@ -1150,6 +1172,21 @@ pub fn recover_replacement(paths: &SidecarPaths) -> std::io::Result<Option<bool>
     Ok(Some(!published))
 }
 
+/// Renames a stale derived file to the first free `<name>.stale-<unix seconds>[-N]`.
+fn set_aside(path: &Path, seconds: i64) -> std::io::Result<()> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    let free = (1..)
+        .map(|n| match n {
+            1 => PathBuf::from(format!("{}.stale-{seconds}", path.display())),
+            n => PathBuf::from(format!("{}.stale-{seconds}-{n}", path.display())),
+        })
+        .find(|to| std::fs::symlink_metadata(to).is_err())
+        .unwrap_or_default();
+    std::fs::rename(path, free)
+}
+
 /// Undoes [`move_aside`] (best effort: every move that can be undone is).
 fn move_back(moved: &[(PathBuf, PathBuf)]) {
     for (from, to) in moved.iter().rev() {
@@ -1324,13 +1361,14 @@ fn publish_files(
         if let Some(rows) = rows {
             recovery_sidecar::atomic_write(&paths.materialized, &rows, None)?;
         }
-        // A fresh start: stale derived files go, empty outcome files are created.
+        // A fresh start: stale derived files are set aside (never deleted), empty outcome
+        // files are created.
         for stale in [
             &paths.draft_journal,
             &paths.coverage,
             &paths.aggregate_metrics,
         ] {
-            let _ = std::fs::remove_file(stale);
+            set_aside(stale, seconds)?;
         }
         for outcome in [&paths.output, &paths.failures] {
             std::os::unix::fs::OpenOptionsExt::custom_flags(

@@ -134,6 +134,17 @@ impl ServerConfig {
                 self.bind
             ));
         }
+        if self.default_lease_ttl.is_zero() || self.default_lease_ttl > self.max_lease_ttl {
+            return Err(format!(
+                "--lease-ttl-secs (RR_LEASE_TTL_SECS) must be between 1 and {}",
+                self.max_lease_ttl.as_secs()
+            ));
+        }
+        if self.default_max_attempts == 0 {
+            return Err(
+                "--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS) must be at least 1".into(),
+            );
+        }
         Ok(())
     }
 

@@ -211,7 +211,15 @@ pub fn mismatch_details(mismatches: &[recovery_core::verdict::Mismatch]) -> serd
             _ => None,
         })
         .flatten()
-        .map(|k| serde_json::json!({"key": k.key, "reason": format!("{:?}", k.class)}))
+        .map(|k| match &k.class {
+            recovery_core::drift::KeyClass::Semantic(reason) => {
+                let (code, segment) = reason.describe();
+                serde_json::json!({"key": k.key, "class": "semantic", "reason": code, "segment": segment})
+            }
+            recovery_core::drift::KeyClass::Operational => {
+                serde_json::json!({"key": k.key, "class": "operational", "reason": "operational", "segment": null})
+            }
+        })
         .collect();
     serde_json::json!({"mismatches": mismatches.iter().map(Mismatch::code).collect::<Vec<_>>(), "semantic_keys": semantic})
 }

@@ -129,6 +129,30 @@ impl AppState {
         Ok((run, paths))
     }
 
+    /// [`Self::run`] for readers of the run's files: when the manifest at its output names
+    /// another run (rewritten outside the service), that run is adopted and this one answered
+    /// `run_superseded`, never served another run's data.
+    pub async fn run_on_disk(&self, run_id: &str) -> ApiResult<(RunRecord, SidecarPaths)> {
+        let (run, paths) = self.run(run_id).await?;
+        let manifest = paths.manifest.clone();
+        let owner = self
+            .blocking(move || {
+                Ok(std::fs::read(&manifest).ok().and_then(|bytes| {
+                    recovery_core::manifest::RunManifest::from_json_bytes(&bytes)
+                        .ok()
+                        .map(|m| m.run_id)
+                }))
+            })
+            .await?;
+        match owner {
+            Some(owner) if owner != run_id => {
+                self.registry.adopt(&paths.output).await?;
+                Err(ApiError::superseded(run_id, &owner))
+            }
+            _ => Ok((run, paths)),
+        }
+    }
+
     /// A run's record and its critical section (see `recovery_runs::runlock`), refused when the
     /// files show its output belongs to another run now.
     pub async fn locked_run(&self, run_id: &str) -> ApiResult<(RunRecord, LockedRun)> {

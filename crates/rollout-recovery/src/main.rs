@@ -118,7 +118,7 @@ struct ServeArgs {
     #[arg(long, env = "RR_REPLICA")]
     replica: Option<String>,
     /// Log format: text or json.
-    #[arg(long, env = "RR_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "RR_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
 }
 
@@ -166,11 +166,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     config.body_limit_bytes = args.body_limit_mb * 1024 * 1024;
     config.request_timeout = Duration::from_secs(args.request_timeout_secs);
-    config.default_max_attempts = args
-        .max_rollout_attempts
-        .unwrap_or_else(env_max_attempts)
-        .max(1);
-    config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
+    config.default_max_attempts = match args.max_rollout_attempts {
+        Some(0) => {
+            anyhow::bail!("--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS) must be at least 1")
+        }
+        Some(n) => n,
+        None => env_max_attempts(),
+    };
+    config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs);
     config.drift_policy = DriftPolicy::extended(
         args.semantic_keys,
         args.operational_words,

@@ -627,3 +627,42 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
     let summary: Value = serde_json::from_slice(&classify.stdout).expect("json");
     assert_eq!(summary["rows"], 1);
 }
+
+#[test]
+fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
+    let dir = tempfile::tempdir().expect("dir");
+    let cases = [
+        (
+            "a default lease longer than the maximum",
+            vec!["--lease-ttl-secs", "99999"],
+            "--lease-ttl-secs",
+        ),
+        (
+            "an attempt cap of zero",
+            vec!["--max-rollout-attempts", "0"],
+            "--max-rollout-attempts",
+        ),
+        (
+            "an unknown log format",
+            vec!["--log-format", "yaml"],
+            "yaml",
+        ),
+    ];
+    for (case, flags, named) in cases {
+        let output = Command::new(BIN)
+            .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--root")
+            .arg(dir.path().join("runs"))
+            .args(&flags)
+            .env("RR_LOG", "warn")
+            .output()
+            .expect("serve");
+        assert!(
+            !output.status.success(),
+            "{case}: the service must not start"
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(named), "{case}: {stderr}");
+    }
+}

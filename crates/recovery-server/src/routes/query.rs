@@ -236,7 +236,7 @@ pub async fn plan(
     caller: Caller,
 ) -> ApiResult<Json<PlanResponse>> {
     caller.require(Role::Viewer)?;
-    let (_, paths) = state.run(&run_id).await?;
+    let (_, paths) = state.run_on_disk(&run_id).await?;
     let cap = state.config.default_max_attempts;
     let (_, plan) = state
         .plans

@@ -159,8 +159,9 @@ pub struct ValidateRequest {
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub rows: Option<Vec<Value>>,
-    /// Accept a mismatching identity (sticky: every later resume needs it too).
-    #[serde(default)]
+    /// Accept a mismatching identity (sticky: every later resume needs it too). The collector's
+    /// own name for it, `allow_unsafe_resume`, which refusal messages use, is accepted too.
+    #[serde(default, alias = "allow_unsafe_resume")]
     pub allow_unsafe: bool,
     /// The caller's lease on the run, when it holds one.
     #[serde(default)]
@@ -416,7 +417,7 @@ pub async fn get_run(
     caller: Caller,
 ) -> ApiResult<Json<RunView>> {
     caller.require(Role::Viewer)?;
-    let (run, paths) = state.run(&run_id).await?;
+    let (run, paths) = state.run_on_disk(&run_id).await?;
     let work_paths = paths.clone();
     let (manifest, extension) = state
         .blocking(move || {

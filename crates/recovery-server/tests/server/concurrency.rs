@@ -1234,3 +1234,79 @@ async fn refusals_below_the_handlers_answer_in_the_error_shape_too() {
         "the scheme is case-insensitive"
     );
 }
+
+#[tokio::test]
+async fn readers_are_never_served_another_runs_files() {
+    let app = TestApp::new().await;
+    let old = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let mut python = saved_manifest(&app);
+    python.run_id = recovery_sidecar::new_id();
+    std::fs::write(&paths.manifest, python.to_pretty_json().expect("json"))
+        .expect("python manifest");
+    for uri in [format!("/runs/{old}"), format!("/runs/{old}/plan")] {
+        let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+        assert_eq!(
+            reply.body["code"], "run_superseded",
+            "{uri}: {}",
+            reply.body
+        );
+        assert_eq!(
+            reply.body["details"]["superseded_by"].as_str(),
+            Some(python.run_id.as_str())
+        );
+    }
+    let new = app
+        .call(
+            Method::GET,
+            &format!("/runs/{}", python.run_id),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        new.status,
+        StatusCode::OK,
+        "the run on disk is adopted: {}",
+        new.body
+    );
+}
+
+#[tokio::test]
+async fn a_create_never_deletes_and_never_shares_another_runs_companions() {
+    let app = TestApp::new().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::create_dir_all(app.output().parent().expect("dir")).expect("dir");
+    std::fs::write(&paths.draft_journal, "{\"draft\": 1}\n").expect("draft");
+    std::fs::write(&paths.coverage, "{}").expect("coverage");
+    let run_id = app.create().await;
+    for (stale, text) in [
+        (&paths.draft_journal, "{\"draft\": 1}\n"),
+        (&paths.coverage, "{}"),
+    ] {
+        assert!(!stale.exists(), "{} is set aside", stale.display());
+        let aside = std::path::PathBuf::from(format!(
+            "{}.stale-{}",
+            stale.display(),
+            app.clock.now().unix_timestamp()
+        ));
+        assert_eq!(
+            std::fs::read_to_string(&aside).expect("kept"),
+            text,
+            "never deleted"
+        );
+    }
+    let mut same_stem = app.create_body();
+    same_stem["output_path"] = json!(app.output().with_extension("json"));
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(same_stem))
+        .await;
+    assert_eq!(reply.body["code"], "path_refused", "{}", reply.body);
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&run_id)),
+        "{}",
+        reply.body
+    );
+}
