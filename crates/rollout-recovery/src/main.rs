@@ -139,8 +139,10 @@ fn env_max_attempts() -> u64 {
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a terminal: a log file or journal gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();
