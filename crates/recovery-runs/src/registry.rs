@@ -20,12 +20,13 @@ use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
     Confinement, PathError, SidecarPaths, append_line, append_line_at, atomic_write_json,
-    read_lines, read_lines_at,
+    read_lines, read_lines_from,
 };
 use recovery_store::{
     Approval, AttemptExtension, DriftEvent, Rejudgment, Resubmit, RunRecord, Store, StoreError,
 };
 use serde_json::Value;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -536,6 +537,60 @@ impl Registry {
             .await?)
     }
 
+    /// Where to start reading an append-only journal: its mark when the file is the one the
+    /// mark was taken of (device and inode) and has not shrunk, else its start.
+    async fn journal_mark(&self, path: &Path) -> Result<Option<JournalMark>, RegistryError> {
+        let stat_path = path.to_owned();
+        let identity = blocking(move || {
+            Ok(std::fs::symlink_metadata(&stat_path)
+                .ok()
+                .map(|m| (m.dev() as i64, m.ino() as i64, m.len() as i64)))
+        })
+        .await?;
+        let Some((device, inode, length)) = identity else {
+            return Ok(None);
+        };
+        let mark = self.store.journal_mark(&path.display().to_string()).await?;
+        let start = match mark {
+            Some((d, i, to)) if d == device && i == inode && to <= length => to as u64,
+            _ => 0,
+        };
+        Ok(Some(JournalMark {
+            device,
+            inode,
+            start,
+        }))
+    }
+
+    /// Records that a journal is indexed up to the end of the last line read, when the file is
+    /// still the one whose identity was taken before the read.
+    async fn advance_mark(
+        &self,
+        path: &Path,
+        mark: Option<JournalMark>,
+        lines: &[(u64, Vec<u8>)],
+    ) -> Result<(), RegistryError> {
+        let Some(mark) = mark else { return Ok(()) };
+        let end = lines
+            .last()
+            .map_or(mark.start, |(offset, line)| offset + line.len() as u64 + 1);
+        let stat_path = path.to_owned();
+        let same = blocking(move || {
+            Ok(std::fs::symlink_metadata(&stat_path)
+                .is_ok_and(|m| m.dev() as i64 == mark.device && m.ino() as i64 == mark.inode))
+        })
+        .await?;
+        if same {
+            self.store
+                .set_journal_mark(
+                    &path.display().to_string(),
+                    (mark.device, mark.inode, end as i64),
+                )
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Reindexes one run from its manifest path (holding its rows against our writers).
     pub async fn reindex_manifest(
         &self,
@@ -594,24 +649,33 @@ impl Registry {
         }
 
         let run_id = manifest.run_id.clone();
+        // The append-only journals are read from where the last reindex left them (same file).
+        let drift_mark = self.journal_mark(&paths.resume_drift).await?;
+        let extension_mark = self.journal_mark(&paths.attempt_extension).await?;
         let journals = (
             paths.resume_drift.clone(),
             paths.rerun_masked.clone(),
             paths.attempt_extension.clone(),
             paths.resubmit_offset.clone(),
         );
+        let starts = (
+            drift_mark.map_or(0, |m| m.start),
+            extension_mark.map_or(0, |m| m.start),
+        );
         // A journal that cannot be read (a symbolic link, which is never followed, or an IO
         // error) is reported and indexed as empty: reindex never fails on one run's files.
         let (drift, approvals, extensions, offsets, problems) = blocking(move || {
             let mut problems = Vec::new();
-            let mut read_at = |path: &PathBuf| {
-                read_lines_at(path).unwrap_or_else(|e| {
+            let mut read_from = |path: &PathBuf, start: u64| {
+                read_lines_from(path, start).unwrap_or_else(|e| {
                     problems.push((path.display().to_string(), e.to_string()));
                     Vec::new()
                 })
             };
-            let (drift, approvals) = (read_at(&journals.0), read_at(&journals.1));
-            let (extensions, offsets) = (read_at(&journals.2), read_at(&journals.3));
+            let drift = read_from(&journals.0, starts.0);
+            let approvals = read_from(&journals.1, 0);
+            let extensions = read_from(&journals.2, starts.1);
+            let offsets = read_from(&journals.3, 0);
             let plain = |lines: Vec<(u64, Vec<u8>)>| -> Vec<Vec<u8>> {
                 lines.into_iter().map(|(_, line)| line).collect()
             };
@@ -639,6 +703,8 @@ impl Registry {
             }
         }
         report.drift_inserted += self.store.insert_drift_events(&events).await?;
+        self.advance_mark(&paths.resume_drift, drift_mark, &drift)
+            .await?;
         for (number, line) in approvals.iter().enumerate() {
             match serde_json::from_slice::<ApprovalLine>(line) {
                 Ok(line) => {
@@ -669,6 +735,8 @@ impl Registry {
             }
         }
         report.extensions_inserted += self.store.insert_extensions(&records).await?;
+        self.advance_mark(&paths.attempt_extension, extension_mark, &extensions)
+            .await?;
         for (number, line) in offsets.iter().enumerate() {
             match std::str::from_utf8(line)
                 .ok()
@@ -707,6 +775,14 @@ impl Registry {
         }
         Ok(report)
     }
+}
+
+/// An append-only journal's identity and where its reading starts.
+#[derive(Debug, Clone, Copy)]
+struct JournalMark {
+    device: i64,
+    inode: i64,
+    start: u64,
 }
 
 /// Unix seconds as fixed-width RFC 3339 text.

@@ -800,3 +800,63 @@ async fn a_replacement_a_crash_interrupted_is_undone_or_completed_at_the_next_st
         );
     }
 }
+
+#[tokio::test]
+async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new([root.path().to_owned()]).expect("root"),
+        Arc::new(SystemClock),
+        "test",
+    );
+    let paths = registry
+        .paths_for(&root.path().join("m/out.jsonl"))
+        .expect("paths");
+    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
+    let manifest = RunManifest::create("cc".repeat(16), "s", "m", "c", Some(3));
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let line = |n: u32| {
+        format!(
+            "{{\"at\": \"2026-11-29T10:00:{n:02}.000000Z\", \"run_id\": \"{}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d{n}\", \"operational_keys\": [\"a.port\"]}}\n",
+            manifest.run_id
+        )
+    };
+    std::fs::write(&paths.resume_drift, (0..3).map(line).collect::<String>()).expect("journal");
+    let steps: [(&str, &dyn Fn(), usize); 4] = [
+        ("the first reindex reads every line", &|| {}, 3),
+        ("an unchanged journal is not read again", &|| {}, 0),
+        (
+            "an appended line is read alone",
+            &|| {
+                recovery_sidecar::append_line(&paths.resume_drift, line(3).trim_end().as_bytes())
+                    .expect("append");
+            },
+            1,
+        ),
+        (
+            "a journal replaced by another file is read from its start",
+            &|| {
+                let text: String = (10..12).map(line).collect();
+                recovery_sidecar::atomic_write(&paths.resume_drift, text.as_bytes(), None)
+                    .expect("replace");
+            },
+            2,
+        ),
+    ];
+    for (case, change, inserted) in steps {
+        change();
+        let report = registry.reindex().await.expect("reindex");
+        assert_eq!(report.drift_inserted, inserted, "{case}");
+    }
+    let all = store
+        .query_drift(&DriftFilter {
+            run_id: Some(manifest.run_id.clone()),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("rows");
+    assert_eq!(all.len(), 6, "every line ever journalled is indexed once");
+}

@@ -221,6 +221,7 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         };
         tracing::warn!(output = %output.display(), outcome, "recovered a replacement a crash interrupted");
     }
+    let reindex_started = Instant::now();
     let report = registry.reindex().await?;
     tracing::info!(
         manifests = report.manifests,
@@ -229,6 +230,7 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         approvals = report.approvals_inserted,
         superseded = report.superseded.len(),
         unreadable = report.unreadable.len(),
+        seconds = reindex_started.elapsed().as_secs_f64(),
         "reindexed sidecars"
     );
     for (previous, run_id) in &report.superseded {

@@ -122,6 +122,12 @@ pub fn read_lines(path: &Path) -> std::io::Result<Vec<Vec<u8>>> {
 
 /// [`read_lines`] with each line's byte offset.
 pub fn read_lines_at(path: &Path) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
+    read_lines_from(path, 0)
+}
+
+/// The complete lines that start at or after byte `start` (a line boundary: where an earlier
+/// read ended), with their offsets.
+pub fn read_lines_from(path: &Path, start: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
     let file = match OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW)
@@ -132,8 +138,9 @@ pub fn read_lines_at(path: &Path) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
         Err(e) => return Err(e),
     };
     let mut reader = BufReader::new(file);
+    reader.seek(SeekFrom::Start(start))?;
     let mut lines = Vec::new();
-    let mut offset = 0u64;
+    let mut offset = start;
     loop {
         let mut line = Vec::new();
         let read = reader.read_until(b'\n', &mut line)?;

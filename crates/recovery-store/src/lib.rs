@@ -104,6 +104,19 @@ fn json_list(value: &str) -> Result<Vec<String>, StoreError> {
     Ok(serde_json::from_str(value)?)
 }
 
+/// `($1, $2, ...), ($n+1, ...)`: `rows` tuples of `columns` numbered placeholders.
+fn placeholders(rows: usize, columns: usize) -> String {
+    (0..rows)
+        .map(|row| {
+            let cells: Vec<String> = (1..=columns)
+                .map(|column| format!("${}", row * columns + column))
+                .collect();
+            format!("({})", cells.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn to_json(list: &[String]) -> String {
     serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
 }
@@ -146,6 +159,11 @@ impl Store {
                             .execute(&mut *connection)
                             .await?;
                         sqlx::query("PRAGMA synchronous = NORMAL")
+                            .execute(&mut *connection)
+                            .await?;
+                        // 64 MiB of page cache: index pages of large reindexes stay in memory
+                        // until their commit instead of spilling to the WAL midway.
+                        sqlx::query("PRAGMA cache_size = -65536")
                             .execute(&mut *connection)
                             .await?;
                     }
@@ -392,6 +410,44 @@ impl Store {
             .collect()
     }
 
+    // --- journal marks ---------------------------------------------------------------------
+
+    /// How far the journal at `path` was indexed: (device, inode, byte offset).
+    pub async fn journal_mark(&self, path: &str) -> Result<Option<(i64, i64, i64)>, StoreError> {
+        let row =
+            sqlx::query("SELECT device, inode, indexed_to FROM journal_marks WHERE path = $1")
+                .bind(path)
+                .fetch_optional(&self.pool)
+                .await?;
+        row.map(|r| {
+            Ok((
+                r.try_get("device")?,
+                r.try_get("inode")?,
+                r.try_get("indexed_to")?,
+            ))
+        })
+        .transpose()
+    }
+
+    /// Records how far the journal at `path` was indexed.
+    pub async fn set_journal_mark(
+        &self,
+        path: &str,
+        (device, inode, indexed_to): (i64, i64, i64),
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO journal_marks (path, device, inode, indexed_to) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, indexed_to = excluded.indexed_to",
+        )
+        .bind(path)
+        .bind(device)
+        .bind(inode)
+        .bind(indexed_to)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     // --- drift -----------------------------------------------------------------------------
 
     /// Records one resume across operational drift with its keys; `false` when already known.
@@ -402,38 +458,54 @@ impl Store {
             == 1)
     }
 
-    /// Records drift events, a thousand to a transaction; returns how many were new.
+    /// Records drift events, twenty thousand to a transaction (event ids are hashes, so each
+    /// transaction dirties pages all over the indexes: SQLite writes each dirty page once per
+    /// commit, and small transactions rewrote the same pages again and again); returns how many
+    /// were new.
     pub async fn insert_drift_events(&self, events: &[DriftEvent]) -> Result<usize, StoreError> {
         let mut inserted = 0;
-        for batch in events.chunks(1000) {
+        for batch in events.chunks(20_000) {
             let mut tx = self.pool.begin().await?;
-            for event in batch {
-                let result = sqlx::query(
+            // Multi-row statements (a few dozen rows each: SQLite looks each `$N` up by name, so the
+            // cost of a statement grows with the square of its parameters): one statement per row made a reindex
+            // of a million lines take minutes.
+            let mut new_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
+            for rows in batch.chunks(25) {
+                let sql = format!(
                     "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
-                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (event_id) DO NOTHING",
-                )
-                .bind(&event.event_id)
-                .bind(&event.run_id)
-                .bind(&event.at)
-                .bind(&event.saved_config_digest)
-                .bind(&event.current_config_digest)
-                .bind(to_json(&event.operational_keys))
-                .execute(&mut *tx)
-                .await?;
-                if result.rows_affected() == 0 {
-                    continue;
-                }
-                inserted += 1;
-                for key in &event.operational_keys {
-                    sqlx::query("INSERT INTO drift_event_keys (event_id, key, at) VALUES ($1, $2, $3) ON CONFLICT (event_id, key) DO NOTHING")
+                     VALUES {} ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+                    placeholders(rows.len(), 6)
+                );
+                let mut query = sqlx::query_scalar::<_, String>(&sql);
+                for event in rows {
+                    query = query
                         .bind(&event.event_id)
-                        .bind(key)
+                        .bind(&event.run_id)
                         .bind(&event.at)
-                        .execute(&mut *tx)
-                        .await?;
+                        .bind(&event.saved_config_digest)
+                        .bind(&event.current_config_digest)
+                        .bind(to_json(&event.operational_keys));
                 }
+                new_ids.extend(query.fetch_all(&mut *tx).await?);
+            }
+            let keys: Vec<(&DriftEvent, &String)> = batch
+                .iter()
+                .filter(|e| new_ids.contains(&e.event_id))
+                .flat_map(|e| e.operational_keys.iter().map(move |k| (e, k)))
+                .collect();
+            for rows in keys.chunks(50) {
+                let sql = format!(
+                    "INSERT INTO drift_event_keys (event_id, key, at) VALUES {} ON CONFLICT (event_id, key) DO NOTHING",
+                    placeholders(rows.len(), 3)
+                );
+                let mut query = sqlx::query(&sql);
+                for (event, key) in rows {
+                    query = query.bind(&event.event_id).bind(*key).bind(&event.at);
+                }
+                query.execute(&mut *tx).await?;
             }
             tx.commit().await?;
+            inserted += new_ids.len();
         }
         Ok(inserted)
     }
