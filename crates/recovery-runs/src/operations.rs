@@ -130,8 +130,9 @@ pub struct ResumeRequest {
     pub global_config: Value,
     pub environment: BTreeMap<String, String>,
     pub source: PathBuf,
-    /// The rows materialized now; `None` takes the saved ones as current.
-    pub rows: Option<Vec<Value>>,
+    /// The rows materialized now, as raw JSON texts (never built into trees); `None` takes the
+    /// saved ones as current.
+    pub rows: Option<Vec<Box<serde_json::value::RawValue>>>,
     pub allow_unsafe: bool,
 }
 
@@ -1033,11 +1034,8 @@ fn current_run(
     let (saved, saved_references) = saved_run(caches, paths);
     let (materialized_digest, references) = match &request.rows {
         Some(rows) => {
-            let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-            let digest = recovery_core::materialized::materialized_digest(text.as_bytes(), 1)
-                .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
-                .sha256;
-            (digest, Arc::new(RowReferences::from_rows(rows)))
+            let (digest, references) = raw_rows_facts(rows)?;
+            (digest, Arc::new(references))
         }
         None => (
             saved.materialized.clone().unwrap_or_default(),
@@ -1071,6 +1069,36 @@ fn current_run(
         Err(_) => None,
     };
     Ok((saved, current))
+}
+
+/// The materialized digest and server references of rows sent as raw JSON texts: each row one
+/// JSONL line (whitespace newlines inside a row's text are blanks between tokens, since a JSON
+/// string cannot hold a raw newline), digested from its text as the file would be.
+fn raw_rows_facts(
+    rows: &[Box<serde_json::value::RawValue>],
+) -> Result<(String, RowReferences), OpError> {
+    let mut text = Vec::with_capacity(rows.iter().map(|r| r.get().len() + 1).sum());
+    let mut references = RowReferences::default();
+    for (i, row) in rows.iter().enumerate() {
+        let raw = row.get().as_bytes();
+        if raw.first() != Some(&b'{') {
+            return Err(OpError::Invalid(format!(
+                "rows[{i}]: must be a JSON object"
+            )));
+        }
+        references
+            .add_raw_row(raw)
+            .map_err(|e| OpError::Invalid(format!("rows[{i}]: {e}")))?;
+        text.extend(
+            raw.iter()
+                .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }),
+        );
+        text.push(b'\n');
+    }
+    let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
+        .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
+        .sha256;
+    Ok((digest, references))
 }
 
 /// The companions a replacement moves aside (never deletes).

@@ -380,6 +380,27 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ApiJsonBytes {
     }
 }
 
+/// Parses a JSON body read by [`ApiJsonBytes`] (on a blocking thread for large bodies), naming
+/// the field at fault as [`ApiJson`] does.
+pub fn parse_json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid(format!("body: malformed JSON: {inner}"))
+        } else if path == "." {
+            ApiError::invalid(format!("body: {inner}"))
+        } else {
+            ApiError::invalid(format!("body: {path}: {inner}"))
+        }
+    })?;
+    deserializer
+        .end()
+        .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
+    Ok(value)
+}
+
 /// `Query<T>` whose rejections answer in the API error shape.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiQuery<T>(pub T);

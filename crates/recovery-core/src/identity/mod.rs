@@ -96,6 +96,39 @@ impl RowReferences {
         refs
     }
 
+    /// [`Self::add_row`] of one row's raw JSON text, reading only the fields references come
+    /// from (the rest is skipped, never built into a tree).
+    pub fn add_raw_row(&mut self, text: &[u8]) -> Result<(), String> {
+        #[derive(serde::Deserialize)]
+        struct Referenced {
+            #[serde(default)]
+            agent_ref: Option<Value>,
+            #[serde(default)]
+            _ng_environment_server: Option<Value>,
+            #[serde(default)]
+            task_source: Option<Value>,
+        }
+        let row = match serde_json::from_slice::<Referenced>(text) {
+            Ok(fields) => {
+                let mut row = Map::new();
+                for (key, value) in [
+                    ("agent_ref", fields.agent_ref),
+                    ("_ng_environment_server", fields._ng_environment_server),
+                    ("task_source", fields.task_source),
+                ] {
+                    if let Some(value) = value {
+                        row.insert(key.into(), value);
+                    }
+                }
+                Value::Object(row)
+            }
+            // A repeated key (the last wins, as in Python) or an odd shape: read it all.
+            Err(_) => serde_json::from_slice(text).map_err(|e| e.to_string())?,
+        };
+        self.add_row(&row);
+        Ok(())
+    }
+
     pub fn add_row(&mut self, row: &Value) {
         let agent = match row.get("agent_ref") {
             Some(Value::Object(agent)) => agent.get("name").filter(|n| !n.is_null()).map(name_text),

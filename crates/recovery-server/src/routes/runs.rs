@@ -2,7 +2,8 @@
 
 use crate::config::{Caller, Role};
 use crate::error::{
-    ApiError, ApiErrorBody, ApiJson, ApiQuery, ApiResult, ErrorCode, lease_holder, mismatch_details,
+    ApiError, ApiErrorBody, ApiJson, ApiJsonBytes, ApiQuery, ApiResult, ErrorCode, lease_holder,
+    mismatch_details, parse_json_body,
 };
 use crate::state::AppState;
 use axum::Json;
@@ -156,9 +157,10 @@ pub struct ValidateRequest {
     /// The source dataset as the collector will read it now.
     pub source_path: String,
     /// The rows the collector materialized now; when absent the saved ones are taken as current.
+    /// Read as raw texts, off the async workers.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
-    pub rows: Option<Vec<Value>>,
+    pub rows: Option<Vec<Box<serde_json::value::RawValue>>>,
     /// Accept a mismatching identity (sticky: every later resume needs it too). The collector's
     /// own name for it, `allow_unsafe_resume`, which refusal messages use, is accepted too.
     #[serde(default, alias = "allow_unsafe_resume")]
@@ -197,9 +199,11 @@ pub async fn validate(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    ApiJson(request): ApiJson<ValidateRequest>,
+    ApiJsonBytes(body): ApiJsonBytes,
 ) -> ApiResult<Json<ValidateResponse>> {
     caller.require(Role::Collector)?;
+    // Rows may be thousands: the body is read off the async workers, rows kept as raw texts.
+    let request: ValidateRequest = state.blocking(move || parse_json_body(&body)).await?;
     let (run, paths) = state.run(&run_id).await?;
     let mut event = ResumeEvent {
         event_id: recovery_sidecar::new_id(),

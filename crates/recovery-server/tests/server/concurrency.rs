@@ -1310,3 +1310,55 @@ async fn a_create_never_deletes_and_never_shares_another_runs_companions() {
         reply.body
     );
 }
+
+#[tokio::test]
+async fn rows_sent_to_validate_are_digested_from_their_text_as_the_file_is() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let uri = format!("/runs/{run_id}/validate");
+    let with_rows = |rows: &str| {
+        let body = app.validate_body(0.3, 8000).to_string();
+        format!("{},\"rows\":{rows}}}", body.trim_end_matches('}'))
+    };
+    // The created rows again, pretty-printed, keys reordered, numbers written differently.
+    let same = "[\n  {\"_ng_rollout_index\": 0, \"_ng_task_index\": 0,\n   \"question\": \"1+1?\", \"agent_ref\": {\"name\": \"math_agent\"}},\n  {\"agent_ref\": {\"name\": \"math_agent\"}, \"_ng_task_index\": 1, \"_ng_rollout_index\": 0, \"question\": \"2+2?\"}\n]";
+    let reply = app
+        .call_raw(Method::POST, &uri, Some(COLLECTOR), Some(with_rows(same)))
+        .await;
+    assert_eq!(reply.body["outcome"], "reuse", "{}", reply.body);
+    let changed = "[{\"agent_ref\": {\"name\": \"math_agent\"}, \"_ng_task_index\": 0, \"_ng_rollout_index\": 0, \"question\": \"1+1=?\"}]";
+    let reply = app
+        .call_raw(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(with_rows(changed)),
+        )
+        .await;
+    assert_eq!(reply.body["code"], "resume_refused", "{}", reply.body);
+    let not_object = app
+        .call_raw(Method::POST, &uri, Some(COLLECTOR), Some(with_rows("[3]")))
+        .await;
+    assert_eq!(not_object.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        not_object.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rows[0]")),
+        "{}",
+        not_object.body
+    );
+    let wrong_type = app
+        .call_raw(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(with_rows("[]").replace("\"source_path\"", "\"source_path\":1,\"x\"")),
+        )
+        .await;
+    assert_eq!(
+        wrong_type.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        wrong_type.body
+    );
+}
