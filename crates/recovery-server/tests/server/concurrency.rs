@@ -86,6 +86,22 @@ async fn all_at_once(
     replies
 }
 
+/// The ids of a run's drift journal lines, derived as the service derives them.
+fn journal_ids(run_id: &str, paths: &recovery_sidecar::SidecarPaths) -> BTreeSet<String> {
+    recovery_sidecar::read_lines_at(&paths.resume_drift)
+        .expect("journal")
+        .iter()
+        .map(|(offset, line)| {
+            recovery_runs::events::line_id(
+                run_id,
+                recovery_runs::events::DRIFT_JOURNAL,
+                *offset,
+                line,
+            )
+        })
+        .collect()
+}
+
 async fn create_with_rows(app: &TestApp, rows: Value) -> String {
     let mut body = app.create_body();
     body["rows"] = rows;
@@ -643,18 +659,7 @@ async fn sixty_four_concurrent_drift_validations_leave_one_journal_line_and_one_
         );
     }
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
-    let journal: BTreeSet<String> = recovery_sidecar::read_lines_at(&paths.resume_drift)
-        .expect("journal")
-        .iter()
-        .map(|(offset, line)| {
-            recovery_runs::events::line_id(
-                &run_id,
-                recovery_runs::events::DRIFT_JOURNAL,
-                *offset,
-                line,
-            )
-        })
-        .collect();
+    let journal = journal_ids(&run_id, &paths);
     let rows = app
         .call(
             Method::GET,
@@ -899,18 +904,7 @@ async fn a_change_whose_client_goes_away_still_reaches_both_the_journal_and_the_
             .await
             .expect("the run's section"),
     );
-    let journal: BTreeSet<String> = recovery_sidecar::read_lines_at(&paths.resume_drift)
-        .expect("journal")
-        .iter()
-        .map(|(offset, line)| {
-            recovery_runs::events::line_id(
-                &run_id,
-                recovery_runs::events::DRIFT_JOURNAL,
-                *offset,
-                line,
-            )
-        })
-        .collect();
+    let journal = journal_ids(&run_id, &paths);
     let stored: BTreeSet<String> = app
         .state
         .registry
