@@ -306,14 +306,6 @@ impl Leases {
             .filter(|l| l.expires_at > now))
     }
 
-    /// Whether `lease_id` holds the run now.
-    pub async fn is_live(&self, run_id: &str, lease_id: &str) -> Result<bool, LeaseError> {
-        Ok(self
-            .holder(run_id)
-            .await?
-            .is_some_and(|l| l.lease_id == lease_id))
-    }
-
     /// Ends the leases of ours that expired (or that another replica took over); returns the
     /// expired leases it ended.
     pub async fn sweep(&self) -> Result<Vec<Lease>, LeaseError> {
