@@ -63,6 +63,8 @@ pub struct ReindexReport {
     pub runs: usize,
     pub drift_inserted: usize,
     pub approvals_inserted: usize,
+    /// Approvals the database held unrevoked that their journal no longer has.
+    pub approvals_revoked: usize,
     pub extensions_inserted: usize,
     pub resubmits_inserted: usize,
     pub rejudgments_inserted: usize,
@@ -78,6 +80,7 @@ impl ReindexReport {
         self.runs += other.runs;
         self.drift_inserted += other.drift_inserted;
         self.approvals_inserted += other.approvals_inserted;
+        self.approvals_revoked += other.approvals_revoked;
         self.extensions_inserted += other.extensions_inserted;
         self.resubmits_inserted += other.resubmits_inserted;
         self.rejudgments_inserted += other.rejudgments_inserted;
@@ -664,6 +667,7 @@ impl Registry {
         );
         // A journal that cannot be read (a symbolic link, which is never followed, or an IO
         // error) is reported and indexed as empty: reindex never fails on one run's files.
+        let approvals_path = paths.rerun_masked.display().to_string();
         let (drift, approvals, extensions, offsets, problems) = blocking(move || {
             let mut problems = Vec::new();
             let mut read_from = |path: &PathBuf, start: u64| {
@@ -688,6 +692,7 @@ impl Registry {
             ))
         })
         .await?;
+        let approvals_readable = !problems.iter().any(|(path, _)| *path == approvals_path);
         report.unreadable.extend(problems);
         let mut events = Vec::with_capacity(drift.len());
         for (offset, bytes) in &drift {
@@ -705,9 +710,11 @@ impl Registry {
         report.drift_inserted += self.store.insert_drift_events(&events).await?;
         self.advance_mark(&paths.resume_drift, drift_mark, &drift)
             .await?;
+        let mut journalled = std::collections::HashSet::new();
         for (number, line) in approvals.iter().enumerate() {
             match serde_json::from_slice::<ApprovalLine>(line) {
                 Ok(line) => {
+                    journalled.insert(line.approval_id.clone());
                     report.approvals_inserted += usize::from(
                         self.store
                             .insert_approval(&approval_record(&run_id, line))
@@ -719,6 +726,18 @@ impl Registry {
                     format!("{}:{}", paths.rerun_masked.display(), number + 1),
                     e.to_string(),
                 )),
+            }
+        }
+        if approvals_readable {
+            // A revocation rewrites the journal first: an approval the journal no longer holds
+            // was revoked, even when the crash came before the database heard of it.
+            for approval in self.store.list_approvals(&run_id).await? {
+                if approval.revoked_at.is_none() && !journalled.contains(&approval.approval_id) {
+                    self.store
+                        .revoke_approval(&approval.approval_id, &now)
+                        .await?;
+                    report.approvals_revoked += 1;
+                }
             }
         }
         let mut records = Vec::with_capacity(extensions.len());

@@ -860,3 +860,68 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
         .expect("rows");
     assert_eq!(all.len(), 6, "every line ever journalled is indexed once");
 }
+
+#[tokio::test]
+async fn a_revocation_the_database_never_heard_of_is_taken_from_the_journal_by_reindex() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new([root.path().to_owned()]).expect("root"),
+        Arc::new(SystemClock),
+        "test",
+    );
+    let paths = registry
+        .paths_for(&root.path().join("r/out.jsonl"))
+        .expect("paths");
+    let manifest = RunManifest::create("dd".repeat(16), "s", "m", "c", Some(3));
+    let run = registry.lock(&paths).await.expect("lock");
+    registry
+        .write_manifest(&run, &manifest, None)
+        .await
+        .expect("manifest");
+    let kept = registry
+        .record_approval(&run, &manifest.run_id, "op", "kept", (1, 0, 0))
+        .await
+        .expect("approval");
+    let revoked = registry
+        .record_approval(&run, &manifest.run_id, "op", "revoked", (2, 0, 0))
+        .await
+        .expect("approval");
+    drop(run);
+    // The revocation's journal rewrite happened; the process died before the database's.
+    let line = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
+    let without: String = line
+        .lines()
+        .filter(|l| !l.contains(&revoked.approval_id))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    recovery_sidecar::atomic_write(&paths.rerun_masked, without.as_bytes(), None).expect("rewrite");
+    let report = registry.reindex().await.expect("reindex");
+    assert_eq!(report.approvals_revoked, 1);
+    let approvals = store
+        .list_approvals(&manifest.run_id)
+        .await
+        .expect("approvals");
+    let state = |id: &str| {
+        approvals
+            .iter()
+            .find(|a| a.approval_id == id)
+            .map(|a| a.revoked_at.is_some())
+    };
+    assert_eq!(
+        state(&kept.approval_id),
+        Some(false),
+        "a journalled approval stands"
+    );
+    assert_eq!(
+        state(&revoked.approval_id),
+        Some(true),
+        "the journal's revocation reaches the database"
+    );
+    assert_eq!(
+        registry.reindex().await.expect("again").approvals_revoked,
+        0,
+        "idempotent"
+    );
+}

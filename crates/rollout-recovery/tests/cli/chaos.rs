@@ -249,6 +249,12 @@ struct Acks {
     closed: BTreeSet<String>,
     /// Operation ids whose close got no answer (closed or not).
     close_unknown: BTreeSet<String>,
+    /// (run, approval id) of acknowledged masked-rerun approvals.
+    approved: Vec<(String, String)>,
+    /// Approval ids whose revocation was acknowledged.
+    revoked: BTreeSet<String>,
+    /// Approval ids whose revocation got no answer (revoked or not).
+    revoke_unknown: BTreeSet<String>,
     /// (superseded run, the run found on disk after it).
     superseded: Vec<(String, String)>,
     replaces: usize,
@@ -359,11 +365,21 @@ impl Chaos {
     /// when the output belongs to another run now. Under the switch lock: the test replaces no
     /// run meanwhile, and a line never lands in another run's sidecar.
     async fn append_failure(&self, slot: usize, run_id: &str, line: &str) -> bool {
+        self.append_outcome(slot, run_id, line, false).await
+    }
+
+    /// [`Self::append_failure`] for the results file (`results`) or the failures sidecar.
+    async fn append_outcome(&self, slot: usize, run_id: &str, line: &str, results: bool) -> bool {
         let _switch = self.switch.lock().await;
         if self.run_id(slot) != run_id {
             return false;
         }
-        let failures = recovery_sidecar::SidecarPaths::for_output(&self.output(slot)).failures;
+        let paths = recovery_sidecar::SidecarPaths::for_output(&self.output(slot));
+        let failures = if results {
+            paths.output
+        } else {
+            paths.failures
+        };
         match std::fs::OpenOptions::new().append(true).open(&failures) {
             Ok(mut file) => {
                 std::io::Write::write_all(&mut file, format!("{line}\n").as_bytes())
@@ -601,12 +617,96 @@ impl Chaos {
                 .iter()
                 .map(|(id, n)| (run_id.to_owned(), id.clone(), *n)),
         );
-        if rng.below(3) == 0
-            && let Some((id, n)) = attempts.first()
-        {
-            return self.rejudge(slot, run_id, lease, id, *n, rng).await;
+        let Some((id, n)) = attempts.first() else {
+            return true;
+        };
+        match rng.below(6) {
+            0 | 1 => self.rejudge(slot, run_id, lease, id, *n, rng).await,
+            2 => self.approve(slot, run_id, id, *n, rng).await,
+            _ => true,
         }
-        true
+    }
+
+    /// Saves a masked result that kept an answer without a grade for a reserved attempt (as the
+    /// collector does), has an operator approve rerunning it, and sometimes revokes the approval.
+    async fn approve(
+        &self,
+        slot: usize,
+        run_id: &str,
+        rollout: &str,
+        attempt: i64,
+        rng: &mut Rng,
+    ) -> bool {
+        let task: u64 = rollout
+            .split('-')
+            .next()
+            .and_then(|t| t.parse().ok())
+            .expect("task index");
+        let line = json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt,
+            "_ng_run_id": run_id, "reward": 0.0, "mask_sample": true, "failure_kind": "verifier_error",
+            "response": {"output": [{"type": "message"}], "status": "completed"}})
+        .to_string();
+        if !self.append_outcome(slot, run_id, &line, true).await {
+            return true;
+        }
+        let path = format!("/runs/{run_id}/approvals");
+        let body = json!({"task_index": task, "rollout_index": 0, "attempt_index": attempt,
+            "reason": "the verifier lost the artifact"});
+        let reply = self
+            .send(reqwest::Method::POST, &path, OPERATOR, Some(&body))
+            .await;
+        let Some((201, answer)) = &reply else {
+            return self
+                .refused("approve", slot, run_id, &path, &body, reply)
+                .await;
+        };
+        let id = answer["approval_id"]
+            .as_str()
+            .expect("approval id")
+            .to_owned();
+        self.acks().approved.push((run_id.to_owned(), id.clone()));
+        if rng.below(2) == 0 {
+            return true;
+        }
+        let path = format!("/runs/{run_id}/approvals/{id}");
+        let reply = self
+            .send(reqwest::Method::DELETE, &path, OPERATOR, None)
+            .await;
+        match &reply {
+            Some((204, _)) => {
+                self.acks().revoked.insert(id);
+                true
+            }
+            // Used meanwhile: after a restart this client's lease may have been found orphaned
+            // and another client's reserve used the approval. It stays a journal line.
+            Some((409, reply)) if code(reply) == "conflict" => true,
+            None => {
+                self.acks().revoke_unknown.insert(id);
+                self.wait_up().await;
+                true
+            }
+            _ => {
+                self.acks().revoke_unknown.insert(id);
+                self.refused("revoke", slot, run_id, &path, &Value::Null, reply)
+                    .await
+            }
+        }
+    }
+
+    /// The unrevoked approvals the service lists for a run.
+    async fn unrevoked_approvals(&self, run_id: &str) -> BTreeSet<String> {
+        let path = format!("/runs/{run_id}/approvals");
+        let (status, reply) = self
+            .send_answered(reqwest::Method::GET, &path, VIEWER, None)
+            .await;
+        assert_eq!(status, 200, "{path}: {reply}");
+        reply
+            .as_array()
+            .expect("approvals")
+            .iter()
+            .filter(|a| a["revoked_at"].is_null())
+            .map(|a| a["approval_id"].as_str().expect("id").to_owned())
+            .collect()
     }
 
     /// Saves a failed judge call of a reserved attempt, admits its re-judgment (the failure line
@@ -884,6 +984,7 @@ struct RunOnDisk {
     current: bool,
     drift: PathBuf,
     extension: PathBuf,
+    approvals: PathBuf,
 }
 
 /// Every manifest beside the outputs, current (`out_manifest.json`) or moved aside
@@ -919,6 +1020,7 @@ fn runs_on_disk(outputs: &[PathBuf]) -> BTreeMap<String, RunOnDisk> {
                 current: suffix.is_empty(),
                 drift: with(&paths.resume_drift),
                 extension: with(&paths.attempt_extension),
+                approvals: with(&paths.rerun_masked),
                 manifest,
             };
             assert!(
@@ -1231,6 +1333,48 @@ async fn a_chaos_of_concurrent_clients_and_sigkills_loses_no_acknowledged_change
         }
     }
 
+    // Approvals: an acknowledged one is a line of its run's journal until its acknowledged
+    // revocation removes it; the database's unrevoked approvals are the journal's lines.
+    let approval_lines = |run: &str| -> BTreeSet<String> {
+        on_disk.get(run).map_or_else(BTreeSet::new, |r| {
+            journal_lines(&r.approvals)
+                .iter()
+                .filter_map(|(_, line)| {
+                    serde_json::from_slice::<Value>(line).ok()?["approval_id"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .collect()
+        })
+    };
+    for (run, id) in &acks.approved {
+        if acks.revoke_unknown.contains(id) {
+            continue;
+        }
+        let lines = approval_lines(run);
+        if acks.revoked.contains(id) {
+            assert!(
+                !lines.contains(id),
+                "revoked approval {id} of {run} is still a journal line"
+            );
+        } else {
+            assert!(
+                lines.contains(id),
+                "acknowledged approval {id} of {run} is not a journal line"
+            );
+        }
+    }
+    let mut original_approvals = BTreeMap::new();
+    for run in &current {
+        let listed = chaos.unrevoked_approvals(run).await;
+        assert_eq!(
+            listed,
+            approval_lines(run),
+            "the unrevoked approvals of {run} are its journal's lines"
+        );
+        original_approvals.insert(run.clone(), listed);
+    }
+
     // The database equals a reindex of the files: a fresh service over the same root.
     let original_runs = chaos.live_runs().await;
     let original_run_drift = {
@@ -1296,17 +1440,26 @@ async fn a_chaos_of_concurrent_clients_and_sigkills_loses_no_acknowledged_change
         fresh_extensions, current_extensions,
         "extension records equal a reindex of the files"
     );
+    for run in &current {
+        assert_eq!(
+            chaos.unrevoked_approvals(run).await,
+            original_approvals[run],
+            "approvals of {run} equal a reindex of the files"
+        );
+    }
     drop(fresh);
     drop(server);
 
     let elapsed = began.elapsed();
     eprintln!(
-        "chaos: {KILLS} SIGKILLs, {iterations} client iterations, {} reservations, {} drift events, {} extensions, {} admissions ({} closed), {} replacements, {} runs superseded, {removed} temporaries removed at restarts; chaos {chaos_done:?}, total {elapsed:?}",
+        "chaos: {KILLS} SIGKILLs, {iterations} client iterations, {} reservations, {} drift events, {} extensions, {} admissions ({} closed), {} approvals ({} revoked), {} replacements, {} runs superseded, {removed} temporaries removed at restarts; chaos {chaos_done:?}, total {elapsed:?}",
         acks.reservations.len(),
         acks.drift.len(),
         acks.extensions.len(),
         acks.admitted.len(),
         acks.closed.len(),
+        acks.approved.len(),
+        acks.revoked.len(),
         acks.replaces,
         acks.superseded.len(),
     );
