@@ -14,6 +14,18 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A registry over a fresh SQLite store, confined to `root`.
+async fn sqlite_registry(root: &Path) -> (Store, Registry) {
+    let store = sqlite_store(root).await;
+    let registry = Registry::new(
+        store.clone(),
+        Confinement::new([root.to_owned()]).expect("root"),
+        Arc::new(SystemClock),
+        "test",
+    );
+    (store, registry)
+}
+
 async fn sqlite_store(dir: &Path) -> Store {
     Store::connect(&format!("sqlite://{}", dir.join("store.db").display()))
         .await
@@ -171,13 +183,7 @@ async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_li
 #[tokio::test]
 async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
     let root = tempfile::tempdir().expect("root");
-    let store = sqlite_store(root.path()).await;
-    let registry = Registry::new(
-        store.clone(),
-        Confinement::new([root.path().to_owned()]).expect("root"),
-        Arc::new(SystemClock),
-        "test",
-    );
+    let (store, registry) = sqlite_registry(root.path()).await;
     let paths = registry
         .paths_for(&root.path().join("a/out.jsonl"))
         .expect("paths");
@@ -259,13 +265,7 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
 #[tokio::test]
 async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_journal() {
     let root = tempfile::tempdir().expect("root");
-    let store = sqlite_store(root.path()).await;
-    let registry = Registry::new(
-        store.clone(),
-        Confinement::new([root.path().to_owned()]).expect("root"),
-        Arc::new(SystemClock),
-        "test",
-    );
+    let (store, registry) = sqlite_registry(root.path()).await;
     let paths = registry
         .paths_for(&root.path().join("b/out.jsonl"))
         .expect("paths");
@@ -695,13 +695,7 @@ async fn a_replacement_a_crash_interrupted_is_undone_or_completed_at_the_next_st
     ];
     for case in cases {
         let root = tempfile::tempdir().expect("root");
-        let store = sqlite_store(root.path()).await;
-        let registry = Registry::new(
-            store,
-            Confinement::new([root.path().to_owned()]).expect("root"),
-            Arc::new(SystemClock),
-            "test",
-        );
+        let (_, registry) = sqlite_registry(root.path()).await;
         let paths = registry
             .paths_for(&root.path().join("x/out.jsonl"))
             .expect("paths");
@@ -804,13 +798,7 @@ async fn a_replacement_a_crash_interrupted_is_undone_or_completed_at_the_next_st
 #[tokio::test]
 async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped() {
     let root = tempfile::tempdir().expect("root");
-    let store = sqlite_store(root.path()).await;
-    let registry = Registry::new(
-        store.clone(),
-        Confinement::new([root.path().to_owned()]).expect("root"),
-        Arc::new(SystemClock),
-        "test",
-    );
+    let (store, registry) = sqlite_registry(root.path()).await;
     let paths = registry
         .paths_for(&root.path().join("m/out.jsonl"))
         .expect("paths");
@@ -864,13 +852,7 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
 #[tokio::test]
 async fn a_revocation_the_database_never_heard_of_is_taken_from_the_journal_by_reindex() {
     let root = tempfile::tempdir().expect("root");
-    let store = sqlite_store(root.path()).await;
-    let registry = Registry::new(
-        store.clone(),
-        Confinement::new([root.path().to_owned()]).expect("root"),
-        Arc::new(SystemClock),
-        "test",
-    );
+    let (store, registry) = sqlite_registry(root.path()).await;
     let paths = registry
         .paths_for(&root.path().join("r/out.jsonl"))
         .expect("paths");
