@@ -66,8 +66,13 @@ pub enum OpError {
     Registry(#[from] RegistryError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Lease(#[from] crate::LeaseError),
     #[error("background file work failed: {0}")]
     Join(String),
+    /// A rule of this module was broken (a bug, never the caller's input).
+    #[error("internal invariant broken: {0}")]
+    Invariant(&'static str),
 }
 
 /// Runs blocking file work off the async executor.
@@ -316,10 +321,7 @@ impl Registry {
         paths: &SidecarPaths,
         run_id: &str,
     ) -> Result<Option<recovery_store::Lease>, OpError> {
-        let lease = self.leases().holder(run_id).await.map_err(|e| match e {
-            crate::LeaseError::Store(e) => OpError::Store(e),
-            other => OpError::Join(other.to_string()),
-        })?;
+        let lease = self.leases().holder(run_id).await?;
         if lease.is_none() || self.leases().held_lock(&paths.run_lock).is_some() {
             return Ok(lease);
         }
@@ -856,7 +858,9 @@ impl Registry {
         let run = self.lock(paths).await.map_err(RegistryError::from)?;
         self.validate_in(Section::Exclusive(&run), run_id, &request, policy, digest)
             .await?
-            .ok_or_else(|| OpError::Join("an exclusive validation asked for exclusivity".into()))
+            .ok_or(OpError::Invariant(
+                "a validation in the exclusive section asked for the exclusive section",
+            ))
     }
 
     /// One validation in a section; `None` when the verdict needs the exclusive section.

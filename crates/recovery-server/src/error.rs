@@ -254,7 +254,10 @@ impl From<recovery_runs::OpError> for ApiError {
             OpError::Files(e) => e.into(),
             OpError::Registry(e) => e.into(),
             OpError::Store(e) => e.into(),
-            join @ OpError::Join(_) => Self::internal("a run operation", join),
+            OpError::Lease(e) => e.into(),
+            failed @ (OpError::Join(_) | OpError::Invariant(_)) => {
+                Self::internal("a run operation", failed)
+            }
         }
     }
 }
