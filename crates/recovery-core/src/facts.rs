@@ -258,21 +258,7 @@ impl RowFacts {
     /// The facts of one JSONL line, skipping every field nobody reads: `None` when the line is
     /// JSON but not an object.
     pub fn from_line(bytes: &[u8]) -> Result<Option<Self>, String> {
-        let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-        let result = visit_nested::<RowFacts, _>(&mut deserializer)
-            .and_then(|r| deserializer.end().map(|()| r));
-        match result {
-            Ok(Ok(facts)) => Ok(Some(facts)),
-            Ok(Err(_)) => Ok(None),
-            // Rows nested deeper than serde_json's default limit take the checked full parse.
-            Err(e) if e.to_string().contains("recursion limit") => {
-                match crate::rows::parse_line(bytes)? {
-                    value @ Value::Object(_) => Ok(Some(Self::from_value(&value))),
-                    _ => Ok(None),
-                }
-            }
-            Err(e) => Err(e.to_string()),
-        }
+        from_line_with(bytes)
     }
 }
 
@@ -655,5 +641,364 @@ impl<'de> Visitor<'de> for JsonVisitor {
 impl<'de> Deserialize<'de> for Json {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(JsonVisitor)
+    }
+}
+
+/// A row's `_ng_task_index` or `_ng_rollout_index`, kept so that equality is JSON equality (as
+/// `Value` compares it) while the common case, a plain integer, costs no allocation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum IndexField {
+    #[default]
+    Absent,
+    /// An integer written in its canonical decimal form.
+    Int(i64),
+    /// Anything else, as written.
+    Other(Value),
+}
+
+impl IndexField {
+    /// The integer index (`rows::index`): never a bool, never a float.
+    pub fn as_index(&self) -> Option<i64> {
+        match self {
+            IndexField::Int(i) => Some(*i),
+            IndexField::Other(value) => crate::rows::index(Some(value)),
+            IndexField::Absent => None,
+        }
+    }
+
+    /// The field as the row holds it (`None` when absent).
+    pub fn to_value(&self) -> Option<Value> {
+        match self {
+            IndexField::Absent => None,
+            IndexField::Int(i) => Some(Value::from(*i)),
+            IndexField::Other(value) => Some(value.clone()),
+        }
+    }
+
+    fn from_number_text(text: &str) -> IndexField {
+        // A JSON integer token (`-?(0|[1-9][0-9]*)`) is the canonical decimal of its value,
+        // except `-0`.
+        if text != "-0"
+            && let Ok(i) = text.parse::<i64>()
+        {
+            return IndexField::Int(i);
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(value) => IndexField::Other(value),
+            Err(_) => IndexField::Other(Value::String(text.to_owned())),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for IndexField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct IndexVisitor;
+        impl<'de> Visitor<'de> for IndexVisitor {
+            type Value = IndexField;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<IndexField, A::Error> {
+                let Some(first) = map.next_key::<Key<'de>>()? else {
+                    return Ok(IndexField::Other(Value::Object(serde_json::Map::new())));
+                };
+                if first.as_str() == NUMBER_TOKEN {
+                    let text: NumberText = map.next_value()?;
+                    return Ok(IndexField::from_number_text(&text.0));
+                }
+                let mut object = serde_json::Map::new();
+                object.insert(first.as_str().to_owned(), map.next_value::<Value>()?);
+                while let Some((key, value)) = map.next_entry::<String, Value>()? {
+                    object.insert(key, value);
+                }
+                Ok(IndexField::Other(Value::Object(object)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<IndexField, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<Value>()? {
+                    items.push(item);
+                }
+                Ok(IndexField::Other(Value::Array(items)))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<IndexField, E> {
+                Ok(IndexField::Other(Value::Bool(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<IndexField, E> {
+                Ok(IndexField::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<IndexField, E> {
+                Ok(i64::try_from(v).map_or(IndexField::Other(Value::from(v)), IndexField::Int))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<IndexField, E> {
+                Ok(IndexField::Other(Value::from(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<IndexField, E> {
+                Ok(IndexField::Other(Value::String(v.to_owned())))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<IndexField, E> {
+                Ok(IndexField::Other(Value::Null))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<IndexField, E> {
+                Ok(IndexField::Other(Value::Null))
+            }
+        }
+        deserializer.deserialize_any(IndexVisitor)
+    }
+}
+
+/// The text of an arbitrary-precision number, borrowed from the input when it can be.
+struct NumberText<'de>(std::borrow::Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for NumberText<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = NumberText<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number's text")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(NumberText(std::borrow::Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(NumberText(std::borrow::Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(NumberText(std::borrow::Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
+    }
+}
+
+/// A row's `_ng_attempt_index`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AttemptField {
+    #[default]
+    Absent,
+    /// A JSON integer that is a non-negative `i64`.
+    Valid(i64),
+    /// Anything else (a negative number, a float, a bool, null, a string...).
+    Invalid,
+}
+
+impl<'de> Deserialize<'de> for AttemptField {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let attempt = |i: Option<i64>| match i {
+            Some(a) if a >= 0 => AttemptField::Valid(a),
+            _ => AttemptField::Invalid,
+        };
+        Ok(match IndexField::deserialize(deserializer)? {
+            IndexField::Int(i) => attempt(Some(i)),
+            // `Value::as_i64` of a number text: "-0" is 0, "1.0" is not an integer.
+            IndexField::Other(Value::Number(n)) => attempt(n.as_i64()),
+            IndexField::Other(_) => AttemptField::Invalid,
+            IndexField::Absent => AttemptField::Absent,
+        })
+    }
+}
+
+/// The identity fields of a row: what its logical rollout id is made of.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IdentityFacts {
+    /// `_ng_rollout_id` as written (absent: `None`).
+    pub rollout_id: Option<Value>,
+    pub task_index: IndexField,
+    pub rollout_index: IndexField,
+}
+
+impl IdentityFacts {
+    /// The logical rollout id (`rows::logical_rollout_id`), written into `buffer` (reused across
+    /// rows, so a lookup by id allocates nothing).
+    pub fn logical_id<'b>(&self, buffer: &'b mut String) -> Result<&'b str, crate::rows::RowError> {
+        use crate::rows::RowError;
+        use std::fmt::Write as _;
+        buffer.clear();
+        match &self.rollout_id {
+            None | Some(Value::Null) => {}
+            Some(Value::String(id)) => {
+                crate::rows::check_explicit_id(id)?;
+                buffer.push_str(id);
+                return Ok(buffer);
+            }
+            Some(other) => {
+                return Err(RowError::InvalidIdentity(format!(
+                    "{other} is not a string"
+                )));
+            }
+        }
+        match (self.task_index.as_index(), self.rollout_index.as_index()) {
+            (Some(task), Some(rollout)) => {
+                let _ = write!(buffer, "{task}-{rollout}");
+                Ok(buffer)
+            }
+            _ => Err(RowError::NoIdentity),
+        }
+    }
+}
+
+impl<'de> MapFacts<'de> for IdentityFacts {
+    fn entry<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        if !self.identity_entry(key, map)? {
+            skip(map)?;
+        }
+        Ok(())
+    }
+}
+
+impl IdentityFacts {
+    /// Reads `key` when it is an identity field; `false` when it is not one.
+    fn identity_entry<'de, A: MapAccess<'de>>(
+        &mut self,
+        key: &str,
+        map: &mut A,
+    ) -> Result<bool, A::Error> {
+        match key {
+            crate::rows::ROLLOUT_ID_KEY => self.rollout_id = Some(map.next_value::<Value>()?),
+            crate::rows::TASK_INDEX_KEY => self.task_index = map.next_value()?,
+            crate::rows::ROLLOUT_INDEX_KEY => self.rollout_index = map.next_value()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+
+    /// The identity fields of one JSONL line (a materialized input row); `None` when the line
+    /// is JSON but not an object.
+    pub fn from_line(bytes: &[u8]) -> Result<Option<Self>, String> {
+        from_line_with(bytes)
+    }
+}
+
+/// Everything the plan reads of one saved outcome row, in one pass over its bytes.
+#[derive(Debug, Clone, Default)]
+pub struct OutcomeFacts {
+    pub identity: IdentityFacts,
+    pub attempt: AttemptField,
+    /// `_ng_run_id`: absent (`None`), or its string (`Some(None)` when it is not a string).
+    pub run_id: Option<Option<String>>,
+    /// `_ng_failure_class` as written (`None` when absent).
+    pub failure_class: Option<Value>,
+    /// `_ng_failure_record` as written (`None` when absent).
+    pub failure_record: Option<Value>,
+    pub invalid_judge_response: Json,
+    /// `_ng_migrated_invalid_judge_response` is exactly `true`.
+    pub migrated_invalid_judge: bool,
+    pub facts: RowFacts,
+}
+
+impl<'de> MapFacts<'de> for OutcomeFacts {
+    fn entry<A: MapAccess<'de>>(&mut self, key: &str, map: &mut A) -> Result<(), A::Error> {
+        if self.identity.identity_entry(key, map)? {
+            return Ok(());
+        }
+        match key {
+            crate::rows::ATTEMPT_INDEX_KEY => self.attempt = map.next_value()?,
+            crate::rows::RUN_ID_KEY => {
+                self.run_id = Some(match map.next_value::<Json>()? {
+                    Json::Str(s) => Some(s),
+                    _ => None,
+                });
+            }
+            "_ng_failure_class" => {
+                let value = map.next_value::<Value>()?;
+                self.facts.failure_class = Json::deserialize(&value).unwrap_or_default();
+                self.failure_class = Some(value);
+            }
+            "_ng_failure_record" => {
+                let value = map.next_value::<Value>()?;
+                self.facts.failure_record = NestedSeed(std::marker::PhantomData)
+                    .deserialize(&value)
+                    .unwrap_or_default();
+                self.failure_record = Some(value);
+            }
+            "invalid_judge_response" => self.invalid_judge_response = json(map)?,
+            "_ng_migrated_invalid_judge_response" => {
+                self.migrated_invalid_judge = json(map)? == Json::Bool(true);
+            }
+            _ => self.facts.entry(key, map)?,
+        }
+        Ok(())
+    }
+}
+
+impl OutcomeFacts {
+    /// The facts of one JSONL line (a saved result or failure); `None` when the line is JSON
+    /// but not an object.
+    pub fn from_line(bytes: &[u8]) -> Result<Option<Self>, String> {
+        from_line_with(bytes)
+    }
+
+    /// [`Self::from_line`] into `self` (which must be fresh, [`Default`]); `false` when the line
+    /// is JSON but not an object.
+    pub fn read_line(&mut self, bytes: &[u8]) -> Result<bool, String> {
+        read_line_into(bytes, self)
+    }
+}
+
+/// One JSONL line's facts of kind `T`, fields nobody reads skipped: `None` for a non-object.
+fn from_line_with<T: for<'de> MapFacts<'de>>(bytes: &[u8]) -> Result<Option<T>, String> {
+    let mut facts = T::default();
+    Ok(read_line_into(bytes, &mut facts)?.then_some(facts))
+}
+
+/// Fills `facts` from one JSONL line (in place: the facts of a large row are never moved while
+/// they are read); `false` when the line is JSON but not an object.
+fn read_line_into<T: for<'de> MapFacts<'de>>(bytes: &[u8], facts: &mut T) -> Result<bool, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
+    let result = InPlace(facts)
+        .deserialize(&mut deserializer)
+        .and_then(|r| deserializer.end().map(|()| r));
+    match result {
+        Ok(is_object) => Ok(is_object),
+        // Rows nested deeper than serde_json's default limit take the checked full parse.
+        Err(e) if e.to_string().contains("recursion limit") => {
+            *facts = T::default();
+            match crate::rows::parse_line(bytes)? {
+                value @ Value::Object(_) => InPlace(facts)
+                    .deserialize(&value)
+                    .map_err(|e| e.to_string()),
+                _ => Ok(false),
+            }
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Deserializes a mapping's facts into an existing `T`: `true` when the value was an object.
+struct InPlace<'a, T>(&'a mut T);
+
+impl<'de, T: MapFacts<'de>> DeserializeSeed<'de> for InPlace<'_, T> {
+    type Value = bool;
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+        struct IntoVisitor<'a, T>(&'a mut T);
+        impl<'de, T: MapFacts<'de>> Visitor<'de> for IntoVisitor<'_, T> {
+            type Value = bool;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+                let Some(first) = map.next_key::<Key<'de>>()? else {
+                    return Ok(true);
+                };
+                if first.as_str() == NUMBER_TOKEN {
+                    map.next_value::<IgnoredAny>()?;
+                    return Ok(false);
+                }
+                let mut key = Some(first);
+                while let Some(name) = key {
+                    self.0.entry(name.as_str(), &mut map)?;
+                    key = map.next_key::<Key<'de>>()?;
+                }
+                Ok(true)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+                JsonVisitor.visit_seq(seq).map(|_| false)
+            }
+            scalar_visits!(|json| {
+                let _ = json;
+                Ok(false)
+            });
+        }
+        deserializer.deserialize_any(IntoVisitor(self.0))
     }
 }

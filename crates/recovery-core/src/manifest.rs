@@ -30,6 +30,10 @@ static OPERATION_ID: LazyLock<Regex> =
 static SHA256_HEX: LazyLock<Regex> =
     LazyLock::new(|| Regex::new("^[0-9a-f]{64}$").expect("static regex"));
 
+/// Reserved execution numbers by logical rollout id, in manifest order (a fast hasher: plans
+/// look every rollout up).
+pub type NextAttempts = IndexMap<String, u64, foldhash::fast::RandomState>;
+
 /// A judge-only re-judgment admitted before its judge call; it closes when its outcome is saved.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingRejudge {
@@ -47,7 +51,7 @@ pub struct PendingRejudge {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunManifest {
     /// Controller-owned reservations: logical rollout id -> next execution number (>= 1).
-    pub next_attempt: IndexMap<String, u64>,
+    pub next_attempt: NextAttempts,
     pub run_id: String,
     pub source_digest: String,
     pub materialized_digest: String,
@@ -123,7 +127,7 @@ impl RunManifest {
         max_rollout_attempts: Option<u64>,
     ) -> Self {
         Self {
-            next_attempt: IndexMap::new(),
+            next_attempt: NextAttempts::default(),
             run_id: run_id.into(),
             source_digest: source_digest.into(),
             materialized_digest: materialized_digest.into(),
@@ -181,10 +185,11 @@ impl RunManifest {
         {
             problem("selection_policy", "input should be 'latest_allocated'");
         }
-        let mut next_attempt = IndexMap::new();
+        let mut next_attempt = NextAttempts::default();
         match map.get("next_attempt") {
             None => {}
             Some(Value::Object(entries)) => {
+                next_attempt.reserve(entries.len());
                 for (key, v) in entries {
                     match strict_positive_int(v) {
                         Ok(n) => {
@@ -488,7 +493,7 @@ fn strict_positive_int(value: &Value) -> Result<u64, &'static str> {
     let Value::Number(n) = value else {
         return Err("input should be a valid integer");
     };
-    let text = n.to_string();
+    let text = n.as_str();
     if text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E')) {
         return Err("input should be a valid integer");
     }

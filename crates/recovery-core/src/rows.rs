@@ -40,16 +40,7 @@ pub fn logical_rollout_id(row: &Value) -> Result<String, RowError> {
     match map.get(ROLLOUT_ID_KEY) {
         None | Some(Value::Null) => {}
         Some(Value::String(id)) => {
-            if !EXPLICIT_ID.is_match(id) {
-                return Err(RowError::InvalidIdentity(format!(
-                    "{id:?} is not a valid rollout id"
-                )));
-            }
-            if ATTEMPT_SUFFIX.is_match(id) {
-                return Err(RowError::InvalidIdentity(format!(
-                    "{id:?} ends with the reserved attempt suffix"
-                )));
-            }
+            check_explicit_id(id)?;
             return Ok(id.clone());
         }
         Some(other) => {
@@ -65,6 +56,22 @@ pub fn logical_rollout_id(row: &Value) -> Result<String, RowError> {
         (Some(task), Some(rollout)) => Ok(format!("{task}-{rollout}")),
         _ => Err(RowError::NoIdentity),
     }
+}
+
+/// Refuses an explicit `_ng_rollout_id` that breaks the id grammar or ends with the reserved
+/// attempt suffix.
+pub fn check_explicit_id(id: &str) -> Result<(), RowError> {
+    if !EXPLICIT_ID.is_match(id) {
+        return Err(RowError::InvalidIdentity(format!(
+            "{id:?} is not a valid rollout id"
+        )));
+    }
+    if ATTEMPT_SUFFIX.is_match(id) {
+        return Err(RowError::InvalidIdentity(format!(
+            "{id:?} ends with the reserved attempt suffix"
+        )));
+    }
+    Ok(())
 }
 
 /// A JSON integer index (never a bool).

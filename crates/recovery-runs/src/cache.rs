@@ -48,7 +48,7 @@ pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
 impl FileIdentity {
     /// Whether the file changed so recently (or in the future) that a same-size rewrite in the
     /// same timestamp tick could go unseen.
-    fn is_racy(&self) -> bool {
+    pub(crate) fn is_racy(&self) -> bool {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as i128);
@@ -115,4 +115,6 @@ pub struct RunCaches {
     pub materialized: FileCache<MaterializedFacts>,
     /// Saved identities (`None`: present but not JSON).
     pub identities: FileCache<Option<Arc<Value>>>,
+    /// Resume plans, indexed once per run and caught up with appended outcomes.
+    pub plans: crate::plans::PlanCache,
 }

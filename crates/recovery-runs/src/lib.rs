@@ -11,6 +11,7 @@
 //! - [`leases`]: acquire, heartbeat, release, expiry sweep and operator takeover.
 //! - [`operations`]: the run-level operations (create, validate, reserve, re-judgments,
 //!   approvals, extend, resubmit, replace), each over a locked run.
+//! - [`plans`]: resume plans indexed once per run and caught up with appended outcomes.
 //! - [`runfiles`]: reading a run's files into the core's inputs.
 //! - [`runlock`]: the per-run critical section ([`LockedRun`]) every mutation happens in.
 
@@ -19,6 +20,7 @@ pub mod clock;
 pub mod events;
 pub mod leases;
 pub mod operations;
+pub mod plans;
 pub mod registry;
 pub mod runfiles;
 pub mod runlock;

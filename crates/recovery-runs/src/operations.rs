@@ -333,14 +333,15 @@ impl Registry {
         }
     }
 
-    /// The run's plan from its files, read inside its section.
-    async fn locked_plan(
+    /// Works over the run's plan (indexed once, caught up with its files), inside its section.
+    async fn locked_plan<T: Send + 'static>(
         &self,
         run: &LockedRun,
         default_cap: u64,
-    ) -> Result<(RunManifest, recovery_core::plan::ResumePlan), OpError> {
-        let paths = run.paths().clone();
-        blocking(move || Ok(runfiles::build_plan(&paths, default_cap)?)).await
+        work: impl FnOnce(&crate::plans::RunPlan<'_>) -> T + Send + 'static,
+    ) -> Result<T, OpError> {
+        let (paths, caches) = (run.paths().clone(), self.caches().clone());
+        blocking(move || Ok(caches.plans.with_plan(&paths, default_cap, work)?)).await
     }
 
     /// Reserves the next execution number of each rollout: distinct and gapless per rollout,
@@ -359,15 +360,19 @@ impl Registry {
                 "rollout_ids: {twice} is listed twice"
             )));
         }
-        let (mut manifest, plan) = self.locked_plan(run, default_cap).await?;
-        let entries: HashMap<&str, &PlanEntry> = plan
-            .entries
-            .iter()
-            .map(|e| (e.rollout_id.as_str(), e))
-            .collect();
+        let ids = rollout_ids.to_vec();
+        let (mut manifest, found) = self
+            .locked_plan(run, default_cap, move |plan| {
+                let view = plan.view();
+                let found: Vec<Option<PlanEntry>> =
+                    ids.iter().map(|id| view.entry_for(id)).collect();
+                (plan.manifest.clone(), found)
+            })
+            .await?;
+        let mut entries: HashMap<&str, PlanEntry> = HashMap::new();
         let mut attempts = BTreeMap::new();
-        for id in rollout_ids {
-            let entry = entries.get(id.as_str()).ok_or_else(|| {
+        for (id, entry) in rollout_ids.iter().zip(found) {
+            let entry = entry.ok_or_else(|| {
                 OpError::Invalid(format!(
                     "rollout_ids: {id} is not in this run's materialized inputs"
                 ))
@@ -380,6 +385,7 @@ impl Registry {
                 .next_attempt
                 .insert(id.clone(), (attempt + 1) as u64);
             attempts.insert(id.clone(), attempt);
+            entries.insert(id.as_str(), entry);
         }
         self.write_manifest(run, &manifest, None).await?;
         let approvals = self.store().list_approvals(run_id).await?;
@@ -529,14 +535,11 @@ impl Registry {
                 "reason: say why this rerun is approved".into(),
             ));
         }
-        let (_, plan) = self.locked_plan(run, default_cap).await?;
-        let entry = plan
-            .entries
-            .iter()
-            .find(|e| {
-                recovery_core::rows::index(e.task_index.as_ref()) == Some(task_index)
-                    && recovery_core::rows::index(e.rollout_index.as_ref()) == Some(rollout_index)
+        let entry = self
+            .locked_plan(run, default_cap, move |plan| {
+                plan.view().entry_at_indices(task_index, rollout_index)
             })
+            .await?
             .ok_or_else(|| {
                 OpError::NotFound(format!(
                     "run {run_id} has no rollout with task_index {task_index} and rollout_index {rollout_index}"

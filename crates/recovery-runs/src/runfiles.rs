@@ -25,8 +25,8 @@ use recovery_core::identity::RowReferences;
 use recovery_core::journals;
 use recovery_core::manifest::RunManifest;
 use recovery_core::materialized::materialized_digest;
-use recovery_core::plan::{Artifact, Budget, IndexOptions, ResumePlan, RunIndex};
-use recovery_core::rows::{JsonlError, read_jsonl, scan_jsonl};
+use recovery_core::plan::ResumePlan;
+use recovery_core::rows::scan_jsonl;
 use recovery_core::verdict::{SavedManifest, SavedRun};
 use recovery_sidecar::SidecarPaths;
 use serde_json::Value;
@@ -123,64 +123,12 @@ pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, RunFilesError
     Ok((extension, offset, approvals))
 }
 
-/// The resume plan of a run from its files.
+/// The resume plan of a run from its files, built from scratch (nothing cached).
 pub fn build_plan(
     paths: &SidecarPaths,
     default_cap: u64,
 ) -> Result<(RunManifest, ResumePlan), RunFilesError> {
-    let manifest = match read_manifest(&paths.manifest) {
-        SavedManifest::Read(m) => *m,
-        SavedManifest::Missing => {
-            return Err(RunFilesError::NoManifest(format!(
-                "{} is missing",
-                paths.manifest.display()
-            )));
-        }
-        SavedManifest::Unreadable(reason) => {
-            return Err(RunFilesError::ManifestUnreadable(format!(
-                "Cannot read recovery manifest {}: {reason}",
-                paths.manifest.display()
-            )));
-        }
-    };
-    let policy = classification_policy(paths)?;
-    let (extension, offset, approvals) = budget_inputs(paths)?;
-    let rows_invalid = |e: JsonlError| RunFilesError::RowsInvalid(e.to_string());
-    let inventory_file = File::open(&paths.materialized).map_err(|e| {
-        RunFilesError::ManifestUnreadable(format!("{}: {e}", paths.materialized.display()))
-    })?;
-    let (inventory, _) = read_jsonl(inventory_file, &paths.materialized.display().to_string())
-        .map_err(rows_invalid)?;
-    let mut index = RunIndex::new(
-        &manifest,
-        inventory.into_iter().map(|r| r.value),
-        &policy,
-        IndexOptions {
-            resubmit_offset: offset,
-        },
-    )
-    .map_err(|e| RunFilesError::RowsInvalid(e.to_string()))?;
-    for (artifact, path) in [
-        (Artifact::Failures, &paths.failures),
-        (Artifact::Results, &paths.output),
-    ] {
-        let Ok(file) = File::open(path) else { continue };
-        scan_jsonl(file, &path.display().to_string(), |record| {
-            index.add(artifact, &record)
-        })
-        .map_err(|e| match e {
-            JsonlError::Handler(e) => {
-                RunFilesError::RowsInvalid(format!("{}: {e}", path.display()))
-            }
-            other => RunFilesError::RowsInvalid(other.to_string()),
-        })?;
-    }
-    let plan = index.plan(
-        &Budget {
-            default_cap,
-            extension,
-        },
-        &approvals,
-    );
-    Ok((manifest, plan))
+    crate::plans::plan_once(paths, default_cap, |plan| {
+        (plan.manifest.clone(), plan.view().plan())
+    })
 }

@@ -14,6 +14,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "runs/plans.rs"]
+mod plans;
+
 /// A registry over a fresh SQLite store, confined to `root`.
 async fn sqlite_registry(root: &Path) -> (Store, Registry) {
     let store = sqlite_store(root).await;

@@ -1216,6 +1216,111 @@ async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
 }
 
 #[tokio::test]
+async fn a_plan_pages_its_rollouts_by_state_and_cursor_and_refuses_a_limit_out_of_range() {
+    let app = TestApp::new().await;
+    let inventory: Vec<Value> = (0..23)
+        .map(|t| json!({"agent_ref": {"name": "math_agent"}, "_ng_task_index": t, "_ng_rollout_index": 0}))
+        .collect();
+    let mut body = app.create_body();
+    body["rows"] = json!(inventory);
+    let created = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let run_id = created.body["run_id"].as_str().expect("run").to_owned();
+    let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]
+        .as_str()
+        .expect("lease")
+        .to_owned();
+    let scored: Vec<i64> = (0..23).filter(|t| t % 3 == 0).collect();
+    let ids: Vec<String> = scored.iter().map(|t| format!("{t}-0")).collect();
+    let reserved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ids})),
+        )
+        .await;
+    assert_eq!(reserved.status, StatusCode::OK, "{}", reserved.body);
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let text: String = scored
+        .iter()
+        .map(|t| format!("{}\n", json!({"_ng_task_index": t, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "reward": 1.0, "response": {"output": [{}], "status": "completed"}})))
+        .collect();
+    std::fs::write(&paths.output, text).expect("results");
+    // Every page of 4 scored rollouts, followed by its cursor, lists them all in inventory order.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let uri = match &cursor {
+            Some(c) => format!("/runs/{run_id}/plan?state=scored&limit=4&cursor={c}"),
+            None => format!("/runs/{run_id}/plan?state=scored&limit=4"),
+        };
+        let page = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        assert_eq!(
+            page.body["state_counts"],
+            json!({"scored": 8, "missing": 15})
+        );
+        let entries = page.body["entries"].as_array().expect("entries");
+        assert!(entries.len() <= 4);
+        for entry in entries {
+            assert_eq!(entry["state"], "scored");
+            seen.push(entry["task_index"].as_i64().expect("task"));
+        }
+        match page.body["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    assert_eq!(seen, scored);
+    let all = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (
+            all.body["entries"].as_array().map(Vec::len),
+            &all.body["next_cursor"]
+        ),
+        (Some(23), &Value::Null)
+    );
+    for (query, field) in [
+        ("limit=0", "limit"),
+        ("limit=1001", "limit"),
+        ("cursor=abc", "cursor"),
+        ("state=lost", "state"),
+    ] {
+        let refused = app
+            .call(
+                Method::GET,
+                &format!("/runs/{run_id}/plan?{query}"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_eq!(
+            (refused.status, refused.body["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")),
+            "{query}: {}",
+            refused.body
+        );
+        assert!(
+            refused.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field)),
+            "{query}: {}",
+            refused.body
+        );
+    }
+}
+
+#[tokio::test]
 async fn classify_plan_and_run_listing_answer_dashboards() {
     let app = TestApp::new().await;
     let (run_id, _) = run_with_masked_answer(&app).await;

@@ -1,13 +1,14 @@
 //! Attempt budget, resume plan and coverage: facts §17 scenarios 16-27, 35-39, 43 and 46-48
 //! expressed over saved rows.
 
+use recovery_core::facts::IdentityFacts;
 use recovery_core::failure::ClassificationPolicy;
 use recovery_core::journals::{attempt_extension, rerun_masked_approvals, resubmit_offset};
 use recovery_core::manifest::RunManifest;
 use recovery_core::plan::{
-    Artifact, Budget, IndexOptions, PlanError, PlanState, ResumePlan, RunIndex,
+    Artifact, Budget, IndexOptions, JsonlMark, MemoryLines, OutcomesError, PlanError, PlanState,
+    ResumePlan, RunIndex, index_outcomes,
 };
-use recovery_core::rows::scan_jsonl;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
@@ -76,29 +77,48 @@ impl Run {
         budget: Budget,
         approvals: &BTreeSet<(i64, i64, i64)>,
     ) -> Result<ResumePlan, PlanError> {
-        let policy = ClassificationPolicy::default();
+        let inventory = self.inventory.iter().map(|row| {
+            IdentityFacts::from_line(row.to_string().as_bytes())
+                .expect("row")
+                .expect("object")
+        });
         let mut index = RunIndex::new(
             &self.manifest,
-            self.inventory.clone(),
-            &policy,
+            inventory,
+            ClassificationPolicy::default(),
             IndexOptions {
                 resubmit_offset: self.offset,
             },
         )?;
-        for (artifact, rows) in [
-            (Artifact::Failures, &self.failures),
-            (Artifact::Results, &self.results),
+        let reservations = index.reservations(&self.manifest)?;
+        let text = |rows: &[Value]| -> String { rows.iter().map(|r| format!("{r}\n")).collect() };
+        let (failures, results) = (text(&self.failures), text(&self.results));
+        let mut source = MemoryLines {
+            failures: failures.as_bytes(),
+            results: results.as_bytes(),
+        };
+        for (artifact, text) in [
+            (Artifact::Failures, &failures),
+            (Artifact::Results, &results),
         ] {
-            let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-            scan_jsonl(text.as_bytes(), "rows", |record| {
-                index.add(artifact, &record)
-            })
+            index_outcomes(
+                &mut index,
+                &reservations,
+                artifact,
+                text.as_bytes(),
+                JsonlMark::default(),
+                "rows",
+                2,
+                &mut source,
+            )
             .map_err(|e| match e {
-                recovery_core::rows::JsonlError::Handler(e) => e,
+                OutcomesError::Plan { error, .. } => error,
                 other => panic!("{other}"),
             })?;
         }
-        Ok(index.plan(&budget, approvals))
+        Ok(index
+            .view(&self.manifest, &reservations, &budget, approvals)
+            .plan())
     }
 
     fn default_plan(&self) -> ResumePlan {

@@ -7,11 +7,11 @@ use axum::Json;
 use axum::extract::{Path, State};
 use recovery_core::facts::RowFacts;
 use recovery_core::failure::ClassificationPolicy;
-use recovery_core::plan::{RowDecision, classify_facts};
-use recovery_runs::runfiles;
+use recovery_core::plan::{Coverage, PlanEntry, PlanState, RowDecision, classify_facts};
 use recovery_store::{Cursor, DriftEvent, DriftFilter};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 
 #[derive(Debug, Clone, Deserialize, IntoParams)]
@@ -206,52 +206,94 @@ pub async fn classify(
     Ok(Json(ClassifyResponse { decisions }))
 }
 
-/// A run's resume plan.
+/// Which rollouts of a plan to list.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+pub struct PlanParams {
+    /// Only rollouts in this state (`scored`, `model_final`, `judge_recoverable`, `retryable`,
+    /// `exhausted`, `terminal`, `missing`, `masked`, `omitted`, `awaiting_approval`,
+    /// `approved_rerun`).
+    #[param(value_type = Option<String>)]
+    pub state: Option<PlanState>,
+    /// At most this many rollouts (1-1000, default 1000).
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    pub cursor: Option<String>,
+}
+
+/// A run's resume plan: the summary (counts per state, coverage) and one page of rollouts in
+/// inventory order.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PlanResponse {
     pub run_id: String,
     /// Saved cap (or the default) plus extensions.
     pub cap: u64,
-    /// One entry per expected rollout: state, reason, latest and next attempt.
-    #[schema(value_type = Vec<Object>)]
-    pub entries: Value,
+    /// Rollouts per state (over the whole run).
+    #[schema(value_type = Object)]
+    pub state_counts: BTreeMap<PlanState, u64>,
     /// The coverage snapshot (facts 11.7 fields).
     #[schema(value_type = Object)]
-    pub coverage: Value,
+    pub coverage: Coverage,
     pub budget_message: Option<String>,
     pub warnings: Vec<String>,
-    /// Rollouts per state.
-    #[schema(value_type = Object)]
-    pub state_counts: Value,
+    /// This page's rollouts: state, reason, latest and next attempt.
+    #[schema(value_type = Vec<Object>)]
+    pub entries: Vec<PlanEntry>,
+    /// Pass as `cursor` for the next page; absent on the last one.
+    pub next_cursor: Option<String>,
 }
 
-/// The resume plan: one state per expected rollout, and the coverage snapshot.
-#[utoipa::path(get, path = "/runs/{run_id}/plan", tag = "classification", params(("run_id" = String, Path, description = "Run id")),
+/// The resume plan: counts per state and coverage over the whole run, and the rollouts paged
+/// (optionally of one state). Indexed once per run and caught up with appended outcomes.
+#[utoipa::path(get, path = "/runs/{run_id}/plan", tag = "classification", params(("run_id" = String, Path, description = "Run id"), PlanParams),
     responses((status = 200, description = "The plan", body = PlanResponse),
         (status = 404, body = ApiErrorBody), (status = 409, description = "no_manifest", body = ApiErrorBody),
-        (status = 422, description = "rows_invalid or manifest_unreadable", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+        (status = 422, description = "rows_invalid, manifest_unreadable or invalid_request", body = ApiErrorBody), (status = 401, body = ApiErrorBody),
+        (status = 503, description = "overloaded: retry after Retry-After", body = ApiErrorBody)))]
 pub async fn plan(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
+    ApiQuery(params): ApiQuery<PlanParams>,
 ) -> ApiResult<Json<PlanResponse>> {
     caller.require(Role::Viewer)?;
+    let limit = match params.limit {
+        None => 1000,
+        Some(limit @ 1..=1000) => limit as usize,
+        Some(_) => return Err(ApiError::invalid("limit: must be between 1 and 1000")),
+    };
+    let after = match params.cursor.as_deref() {
+        None => None,
+        Some(text) => Some(
+            text.parse::<usize>()
+                .map_err(|_| ApiError::invalid("cursor: not a cursor this service issued"))?,
+        ),
+    };
     let (_, paths) = state.run_on_disk(&run_id).await?;
     let cap = state.config.default_max_attempts;
-    let (_, plan) = state
+    let caches = state.registry.caches().clone();
+    let filter = params.state;
+    let response = state
         .plans
-        .run(move || Ok(runfiles::build_plan(&paths, cap)?))
+        .run(move || {
+            Ok(caches.plans.with_plan(&paths, cap, |plan| {
+                let view = plan.view();
+                let summary = view.summary();
+                let (positions, more) = summary.positions(filter, after, limit);
+                let next_cursor = more
+                    .then(|| positions.last().map(|p| p.to_string()))
+                    .flatten();
+                PlanResponse {
+                    entries: positions.into_iter().map(|p| view.entry(p)).collect(),
+                    next_cursor,
+                    run_id: summary.run_id,
+                    cap: summary.cap,
+                    state_counts: summary.state_counts,
+                    coverage: summary.coverage,
+                    budget_message: summary.budget_message,
+                    warnings: summary.warnings,
+                }
+            })?)
+        })
         .await?;
-    Ok(Json(PlanResponse {
-        run_id: plan.run_id.clone(),
-        cap: plan.cap,
-        entries: serde_json::to_value(&plan.entries)
-            .map_err(|e| ApiError::internal("serialising the plan", e))?,
-        coverage: serde_json::to_value(&plan.coverage)
-            .map_err(|e| ApiError::internal("serialising the plan", e))?,
-        budget_message: plan.budget_message.clone(),
-        warnings: plan.warnings.clone(),
-        state_counts: serde_json::to_value(plan.state_counts())
-            .map_err(|e| ApiError::internal("serialising the plan", e))?,
-    }))
+    Ok(Json(response))
 }

@@ -1,0 +1,426 @@
+//! The attempt budget and the per-rollout resume plan (facts §11, §13, §16; decisions §7-§8):
+//! from the materialized inventory, saved results and failures, the manifest, approvals and the
+//! classification policy, one state per expected rollout, and the coverage snapshot.
+//!
+//! Invariants:
+//! - selection is `latest_allocated`: a rollout's current attempt is the greatest reserved or
+//!   saved attempt index; older outcomes stay in the files but never count again;
+//! - a counted failure is counted once per (rollout, attempt): a failure row that was possibly
+//!   delivered and is not terminal (with `retry_terminal_timeouts`, terminal timeouts too), and a
+//!   masked result infrastructure left unmeasured; sidecar lines up to the resubmit offset no
+//!   longer count; the cap is the saved cap (or the default) plus the extension;
+//! - a saved answer is never sampled again: answered deadlines and zero-counted failures are
+//!   final, a masked kept answer waits for an operator's approval of exactly that attempt;
+//! - the index keeps a few facts per outcome, never the rows, so files of any size stream through;
+//!   an outcome's line is read again only when a second outcome of the same attempt arrives;
+//! - the index is built once and grows with appended outcomes ([`RunIndex::add`]); what depends
+//!   on the manifest, the budget and the approvals is decided when a [`PlanView`] is taken.
+//!
+//! - [`index`]: the index of saved outcomes and the plan views over it;
+//! - [`read`]: reading inventories and outcome files into an index, on several threads.
+
+mod index;
+mod read;
+
+pub use index::{
+    Expected, LineAt, LineSource, MemoryLines, OutcomeRow, PlanSummary, PlanView, Reservations,
+    RunIndex,
+};
+pub use read::{JsonlMark, OutcomesError, index_outcomes, read_inventory};
+
+use crate::facts::RowFacts;
+use crate::failure::{ClassificationPolicy, FailureClass, FailureStage};
+use crate::manifest::RunManifest;
+use crate::predicates as p;
+use crate::rows::RowError;
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// The attempt cap when a manifest saved none (`_DEFAULT_MAX_ROLLOUT_ATTEMPTS`).
+pub const DEFAULT_MAX_ROLLOUT_ATTEMPTS: u64 = 3;
+
+/// Everything one row's predicates say, as `POST /classify` answers it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RowDecision {
+    pub is_failure_row: bool,
+    pub failure_kind: Option<String>,
+    pub failure_stage: Option<FailureStage>,
+    pub responsibility: FailureClass,
+    pub applied_class: Option<FailureClass>,
+    pub terminal: bool,
+    pub terminal_with_timeout_opt_in: bool,
+    pub delivery: Option<p::Delivery>,
+    pub has_saved_generation: bool,
+    pub holds_response: bool,
+    pub keeps_partial_response: bool,
+    pub keeps_saved_answer: bool,
+    pub has_recorded_grade: bool,
+    pub has_unclassified_execution_failure: bool,
+    pub is_infrastructure_agent_timeout: bool,
+    pub is_answered_agent_deadline: bool,
+    pub sandbox_or_tool_fault: bool,
+    pub material_model_call_faults: bool,
+    pub server_fault_calls: usize,
+    pub captured_calls: usize,
+    pub masked_infrastructure_kind: Option<String>,
+    pub masked_kept_answer_kind: Option<String>,
+    pub observed_elapsed: Option<f64>,
+    /// What resume does with this row as the latest attempt of its rollout.
+    pub verdict: RowVerdict,
+}
+
+/// What resume does with a row, read on its own (the budget decides between retry and
+/// exhaustion in the plan).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RowVerdict {
+    /// A scored result: kept, never rerun.
+    Keep,
+    /// The model's final result (answered deadline, counted as zero): never sampled again.
+    ModelFinal,
+    /// A judge failure with the real answer saved: re-judge the saved answer only.
+    Rejudge,
+    /// Retried within the attempt budget.
+    Retry,
+    /// Gated on resume.
+    Terminal,
+    /// A masked result kept as the result.
+    KeepMasked,
+    /// A masked kept answer without a grade: rerun only with an operator's approval.
+    NeedsApproval,
+    /// An intentional omission.
+    Omitted,
+}
+
+/// Classifies one saved row.
+pub fn classify_row(
+    row: &Value,
+    policy: &ClassificationPolicy,
+    retry_terminal_timeouts: bool,
+) -> RowDecision {
+    classify_facts(&RowFacts::from_value(row), policy, retry_terminal_timeouts)
+}
+
+/// Classifies the facts of one saved row.
+pub fn classify_facts(
+    row: &RowFacts,
+    policy: &ClassificationPolicy,
+    retry_terminal_timeouts: bool,
+) -> RowDecision {
+    let is_failure_row = row.is_failure_row();
+    let calls = row.captured_model_calls();
+    let server_fault_calls = calls
+        .iter()
+        .filter(|c| p::is_server_fault_call(c, policy))
+        .count();
+    let masked_infrastructure_kind = row.masked_infrastructure_kind(policy).map(str::to_owned);
+    let masked_kept_answer_kind = row.masked_kept_answer_kind(policy).map(str::to_owned);
+    let terminal = row.is_terminal_failure(false);
+    let terminal_with_timeout_opt_in = row.is_terminal_failure(true);
+    let (infrastructure_timeout, answered) = row.timeout_verdicts(&calls, policy);
+    let verdict = if row.is_omission() {
+        RowVerdict::Omitted
+    } else if is_failure_row {
+        if row.failure_counts_as_zero.truthy() || answered {
+            RowVerdict::ModelFinal
+        } else if row.is_judge_failure() && row.has_saved_generation() {
+            RowVerdict::Rejudge
+        } else if row.is_terminal_failure(retry_terminal_timeouts)
+            || (row.has_unclassified_execution_failure() && row.holds_response())
+        {
+            RowVerdict::Terminal
+        } else {
+            RowVerdict::Retry
+        }
+    } else if masked_infrastructure_kind.is_some() {
+        RowVerdict::Retry
+    } else if masked_kept_answer_kind.is_some() {
+        RowVerdict::NeedsApproval
+    } else if row.mask_sample.truthy() {
+        RowVerdict::KeepMasked
+    } else if row.is_judge_failure() && row.has_saved_generation() {
+        RowVerdict::Rejudge
+    } else {
+        RowVerdict::Keep
+    };
+    RowDecision {
+        is_failure_row,
+        failure_kind: row.row_failure_kind().map(str::to_owned),
+        failure_stage: row.failure_stage(),
+        responsibility: row.responsibility(policy),
+        applied_class: row.applied_failure_class(),
+        terminal,
+        terminal_with_timeout_opt_in,
+        delivery: is_failure_row.then(|| row.delivery()),
+        has_saved_generation: row.has_saved_generation(),
+        holds_response: row.holds_response(),
+        keeps_partial_response: row.keeps_partial_response(),
+        keeps_saved_answer: row.keeps_saved_answer(),
+        has_recorded_grade: row.has_recorded_grade(),
+        has_unclassified_execution_failure: row.has_unclassified_execution_failure(),
+        is_infrastructure_agent_timeout: infrastructure_timeout,
+        is_answered_agent_deadline: answered,
+        sandbox_or_tool_fault: row.sandbox_or_tool_fault(policy),
+        material_model_call_faults: row.material_faults_with(&calls, policy),
+        server_fault_calls,
+        captured_calls: calls.len(),
+        masked_infrastructure_kind,
+        masked_kept_answer_kind,
+        observed_elapsed: row.observed_elapsed(),
+        verdict,
+    }
+}
+
+/// Why saved outcomes cannot be indexed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Row(#[from] RowError),
+    #[error("Duplicate logical rollout id '{0}' in materialized inputs.")]
+    DuplicateRollout(String),
+    #[error("Run manifest reserves attempts for unknown rollouts: {0:?}.")]
+    UnknownReservations(Vec<String>),
+    #[error(
+        "{artifact} line {line}: rollout '{rollout}' is not in this run's materialized inputs."
+    )]
+    NotInInventory {
+        artifact: Artifact,
+        line: u64,
+        rollout: String,
+    },
+    #[error("{artifact} line {line}: attempt indices must be non-negative integers.")]
+    BadAttempt { artifact: Artifact, line: u64 },
+    #[error("{artifact} line {line}: rollout '{rollout}' has mismatched {field}.")]
+    MismatchedIndex {
+        artifact: Artifact,
+        line: u64,
+        rollout: String,
+        field: &'static str,
+    },
+    #[error("{artifact} line {line}: saved outcome belongs to a different run.")]
+    DifferentRun { artifact: Artifact, line: u64 },
+    #[error(
+        "{artifact} line {line}: invalid saved failure record for rollout attempt ('{rollout}', {attempt}): {problems}"
+    )]
+    InvalidFailureRecord {
+        artifact: Artifact,
+        line: u64,
+        rollout: String,
+        attempt: i64,
+        problems: String,
+    },
+    #[error(
+        "{artifact} line {line}: saved failure record is inconsistent with its envelope for rollout attempt ('{rollout}', {attempt})."
+    )]
+    InconsistentFailureRecord {
+        artifact: Artifact,
+        line: u64,
+        rollout: String,
+        attempt: i64,
+    },
+    #[error(
+        "{artifact} line {line}: saved outcome ('{rollout}', {attempt}) has no reserved attempt in the run manifest."
+    )]
+    Unreserved {
+        artifact: Artifact,
+        line: u64,
+        rollout: String,
+        attempt: i64,
+    },
+    #[error(
+        "{artifact} line {line}: Conflicting outcomes for rollout attempt ('{rollout}', {attempt})."
+    )]
+    Conflict {
+        artifact: Artifact,
+        line: u64,
+        rollout: String,
+        attempt: i64,
+    },
+    #[error("{artifact} line {line}: Outcome in the wrong artifact.")]
+    WrongArtifact { artifact: Artifact, line: u64 },
+    /// A saved line could not be read back to compare two outcomes of one attempt.
+    #[error("{artifact} line {line}: cannot read a saved outcome again: {message}")]
+    Unreadable {
+        artifact: Artifact,
+        line: u64,
+        message: String,
+    },
+}
+
+/// Which saved file a row came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Artifact {
+    Results,
+    Failures,
+}
+
+impl std::fmt::Display for Artifact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Results => "results",
+            Self::Failures => "failures sidecar",
+        })
+    }
+}
+
+/// Options of a run that change how its outcomes count.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexOptions {
+    /// Sidecar lines up to this 1-based line number no longer count toward the budget.
+    pub resubmit_offset: u64,
+}
+
+/// What changes a run's attempt cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The cap when the manifest saved none (service configuration, default 3).
+    pub default_cap: u64,
+    /// Attempts explicit recoveries added (`--extend-attempts`).
+    pub extension: u64,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            default_cap: DEFAULT_MAX_ROLLOUT_ATTEMPTS,
+            extension: 0,
+        }
+    }
+}
+
+impl Budget {
+    /// Cap = saved cap (or the default) + extension.
+    pub fn cap(&self, manifest: &RunManifest) -> u64 {
+        manifest
+            .max_rollout_attempts
+            .unwrap_or(self.default_cap)
+            .saturating_add(self.extension)
+    }
+}
+
+/// One rollout's state on resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlanState {
+    Scored,
+    ModelFinal,
+    JudgeRecoverable,
+    Retryable,
+    Exhausted,
+    Terminal,
+    Missing,
+    Masked,
+    Omitted,
+    AwaitingApproval,
+    ApprovedRerun,
+}
+
+/// The plan for one expected rollout.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanEntry {
+    pub rollout_id: String,
+    pub task_index: Option<Value>,
+    pub rollout_index: Option<Value>,
+    pub state: PlanState,
+    pub reason: String,
+    pub latest_attempt: Option<i64>,
+    /// The execution number a resume uses (runnable states only).
+    pub next_attempt: Option<i64>,
+    pub counted_failures: u64,
+    pub reuse_cached_deliverable: bool,
+    /// Longest observed elapsed seconds among the rollout's failures (`dispatch_longest_first`).
+    pub longest_failure_elapsed: Option<f64>,
+    pub latest_artifact: Option<Artifact>,
+    pub latest_line: Option<u64>,
+    pub failure_kind: Option<String>,
+    pub responsibility: Option<FailureClass>,
+}
+
+/// The coverage snapshot (`<stem>_coverage.json`, facts §11.7), fields in the Python order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Coverage {
+    pub schema_version: u32,
+    pub selection_policy: String,
+    pub run_id: String,
+    pub expected: u64,
+    pub successful: u64,
+    pub measured: u64,
+    pub masked: u64,
+    pub unscored: u64,
+    pub failed: u64,
+    pub intentionally_omitted: u64,
+    pub unknown: u64,
+    pub never_dispatched: u64,
+    pub attempts: u64,
+    pub counted_failures: u64,
+    pub attempts_exhausted: u64,
+    pub max_rollout_attempts: u64,
+    pub retry_terminal_timeouts: bool,
+    pub completion_fraction: f64,
+    pub complete: bool,
+    pub reconciled: bool,
+    pub identity_verified: bool,
+    pub scored: u64,
+    pub failures_counted_as_zero: u64,
+}
+
+impl Coverage {
+    /// The CLI completion check: an incomplete evaluation is an [`IncompleteEvaluationError`]
+    /// naming `successful/expected`.
+    ///
+    /// [`IncompleteEvaluationError`]: crate::errors::IncompleteEvaluationError
+    pub fn check_complete(&self) -> Result<(), crate::errors::IncompleteEvaluationError> {
+        if self.complete {
+            return Ok(());
+        }
+        let mut error = crate::errors::IncompleteEvaluationError::new(format!(
+            "{}/{} samples completed; saved partial results are valid and a resume continues them.",
+            self.successful, self.expected
+        ));
+        error.made_progress = self.successful > 0;
+        Err(error)
+    }
+}
+
+/// The resume plan of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ResumePlan {
+    pub run_id: String,
+    pub cap: u64,
+    pub entries: Vec<PlanEntry>,
+    pub coverage: Coverage,
+    /// "Retry budget exhausted for N rollout(s) at the cap of M counted failures." when any.
+    pub budget_message: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+impl ResumePlan {
+    /// Runnable entries in dispatch order: inventory order, or with `longest_first` by descending
+    /// longest failure time (ties keep inventory order).
+    pub fn dispatch_order(&self, longest_first: bool) -> Vec<&PlanEntry> {
+        let mut runnable: Vec<&PlanEntry> = self
+            .entries
+            .iter()
+            .filter(|e| e.next_attempt.is_some())
+            .collect();
+        if longest_first {
+            runnable.sort_by(|a, b| {
+                b.longest_failure_elapsed
+                    .unwrap_or(0.0)
+                    .total_cmp(&a.longest_failure_elapsed.unwrap_or(0.0))
+            });
+        }
+        runnable
+    }
+
+    /// How many rollouts are in each state.
+    pub fn state_counts(&self) -> BTreeMap<PlanState, u64> {
+        let mut counts = BTreeMap::new();
+        for entry in &self.entries {
+            *counts.entry(entry.state).or_default() += 1;
+        }
+        counts
+    }
+}

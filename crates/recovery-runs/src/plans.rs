@@ -1,0 +1,525 @@
+//! Resume plans of runs, indexed once per run and brought up to date by reading only what was
+//! appended since (blocking file work: call from blocking threads).
+//!
+//! Invariants:
+//! - a cached index is reused only while everything it was built from stands: the same
+//!   materialized inputs (file identity, or their SHA-256 while the file is recent enough for a
+//!   same-size rewrite to hide), the same classification policy and resubmit offset, a manifest
+//!   it still holds for ([`RunIndex::still_valid_for`]), and outcome files that only grew (same
+//!   device and inode, at least as long, and the bytes before the read mark unchanged); anything
+//!   else rebuilds from scratch, as does any outcome the incremental read refuses, so a cached
+//!   plan always equals the plan built cold from the same files;
+//! - outcome files are measured before the manifest is read and read only up to those sizes: a
+//!   collector reserves an attempt (manifest first) before it saves the attempt's outcome, so
+//!   every outcome read has its reservation in the manifest read;
+//! - callers of one run wait for each other's refresh (one read of the files, not one per
+//!   caller); callers of different runs never do; a bounded number of runs stay cached.
+
+use crate::cache::FileIdentity;
+use crate::runfiles::{self, RunFilesError};
+use recovery_core::failure::ClassificationPolicy;
+use recovery_core::journals::ApprovalTriple;
+use recovery_core::manifest::RunManifest;
+use recovery_core::plan::{
+    Artifact, Budget, IndexOptions, JsonlMark, LineAt, LineSource, OutcomesError, PlanSummary,
+    PlanView, Reservations, RunIndex, index_outcomes, read_inventory,
+};
+use recovery_sidecar::SidecarPaths;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// How many runs keep their index in memory.
+const CACHED_RUNS: usize = 8;
+
+/// Bytes before a read mark that must be unchanged for the file to count as only appended to.
+const GUARD_BYTES: u64 = 256;
+
+fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Where an outcome file was read to, and what it was then.
+#[derive(Debug, Clone, Default)]
+struct Mark {
+    /// (device, inode); `None` for a file that did not exist.
+    file: Option<(u64, u64)>,
+    read: JsonlMark,
+    /// The bytes just before `read.offset`.
+    guard: Vec<u8>,
+}
+
+/// An outcome file as measured before the manifest is read.
+struct Measured {
+    file: Option<File>,
+    identity: Option<(u64, u64)>,
+    size: u64,
+}
+
+impl Measured {
+    fn of(path: &Path) -> Result<Self, RunFilesError> {
+        match File::open(path) {
+            Ok(file) => {
+                let metadata = file.metadata().map_err(|e| io(path, e))?;
+                Ok(Self {
+                    identity: Some((metadata.dev(), metadata.ino())),
+                    size: metadata.size(),
+                    file: Some(file),
+                })
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self {
+                file: None,
+                identity: None,
+                size: 0,
+            }),
+            Err(e) => Err(io(path, e)),
+        }
+    }
+
+    /// Whether the file is the one `mark` was read from, only appended to since.
+    fn continues(&self, mark: &Mark) -> bool {
+        if self.identity != mark.file || self.size < mark.read.offset {
+            return false;
+        }
+        let Some(file) = &self.file else {
+            return mark.read.offset == 0;
+        };
+        let mut guard = vec![0u8; mark.guard.len()];
+        let start = mark.read.offset - mark.guard.len() as u64;
+        file.read_exact_at(&mut guard, start).is_ok() && guard == mark.guard
+    }
+
+    fn guard_before(&self, offset: u64) -> Vec<u8> {
+        let Some(file) = &self.file else {
+            return Vec::new();
+        };
+        let start = offset.saturating_sub(GUARD_BYTES);
+        let mut guard = vec![0u8; (offset - start) as usize];
+        match file.read_exact_at(&mut guard, start) {
+            Ok(()) => guard,
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+fn io(path: &Path, source: std::io::Error) -> RunFilesError {
+    RunFilesError::Io {
+        context: format!("reading {}", path.display()),
+        source,
+    }
+}
+
+/// Saved lines read back by position (to compare two outcomes of one attempt).
+struct FileLines<'a> {
+    failures: Option<&'a File>,
+    results: Option<&'a File>,
+}
+
+impl LineSource for FileLines<'_> {
+    fn read_line(&mut self, artifact: Artifact, at: LineAt) -> Result<Vec<u8>, String> {
+        let file = match artifact {
+            Artifact::Failures => self.failures,
+            Artifact::Results => self.results,
+        }
+        .ok_or("the file is gone")?;
+        let mut line = vec![0u8; usize::try_from(at.length).map_err(|e| e.to_string())?];
+        file.read_exact_at(&mut line, at.offset)
+            .map_err(|e| e.to_string())?;
+        Ok(line)
+    }
+}
+
+/// A reader that hashes what passes through it.
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The materialized inputs as an index was built from them.
+#[derive(Debug, Clone)]
+struct Inventory {
+    identity: FileIdentity,
+    sha256: [u8; 32],
+}
+
+impl Inventory {
+    /// Whether the file at `path` still holds what was indexed.
+    fn stands(&self, path: &Path) -> bool {
+        let Ok(now) = FileIdentity::of(path) else {
+            return false;
+        };
+        if now == self.identity && !now.is_racy() {
+            return true;
+        }
+        File::open(path)
+            .and_then(|mut file| {
+                let mut hasher = Sha256::new();
+                std::io::copy(&mut file, &mut hasher)?;
+                Ok(<[u8; 32]>::from(hasher.finalize()))
+            })
+            .is_ok_and(|sha256| sha256 == self.sha256)
+    }
+}
+
+/// A run's index, what it was built from, and the manifest it was last checked against.
+#[derive(Debug)]
+struct Indexed {
+    inventory: Inventory,
+    policy_bytes: Option<Vec<u8>>,
+    options: IndexOptions,
+    index: RunIndex,
+    marks: [Mark; 2],
+    manifest: Arc<RunManifest>,
+    reservations: Reservations,
+}
+
+impl Indexed {
+    /// Whether the index stands for the files as measured now and the manifest read now (its
+    /// reservations taken once per manifest).
+    fn fits(
+        &mut self,
+        paths: &SidecarPaths,
+        manifest: &Arc<RunManifest>,
+        (options, policy_bytes): (&IndexOptions, &Option<Vec<u8>>),
+        measured: &[Measured; 2],
+    ) -> bool {
+        let unchanged = self.options == *options
+            && self.policy_bytes == *policy_bytes
+            && measured[0].continues(&self.marks[0])
+            && measured[1].continues(&self.marks[1])
+            && self.inventory.stands(&paths.materialized);
+        if !unchanged {
+            return false;
+        }
+        if Arc::ptr_eq(&self.manifest, manifest) {
+            return true;
+        }
+        match self.index.reservations(manifest) {
+            Ok(reservations) if self.index.still_valid_for(manifest, &reservations) => {
+                self.reservations = reservations;
+                self.manifest = manifest.clone();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A run's manifest as last read, kept with its bytes so an unchanged one is not parsed again.
+#[derive(Debug, Clone)]
+struct ReadManifest {
+    bytes: Vec<u8>,
+    manifest: Arc<RunManifest>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    manifest: Option<ReadManifest>,
+    indexed: Option<Indexed>,
+}
+
+/// The plan of a run as it stands: its manifest, index and budget, viewed on demand.
+#[derive(Debug)]
+pub struct RunPlan<'a> {
+    pub manifest: &'a RunManifest,
+    index: &'a RunIndex,
+    reservations: &'a Reservations,
+    budget: Budget,
+    approvals: BTreeSet<ApprovalTriple>,
+}
+
+impl RunPlan<'_> {
+    /// The plan under the run's manifest, cap and approvals.
+    pub fn view(&self) -> PlanView<'_> {
+        self.index.view(
+            self.manifest,
+            self.reservations,
+            &self.budget,
+            &self.approvals,
+        )
+    }
+
+    /// Counts, coverage and each state's rollouts.
+    pub fn summary(&self) -> PlanSummary {
+        self.view().summary()
+    }
+
+    /// How many outcomes the index holds.
+    pub fn outcomes(&self) -> usize {
+        self.index.outcome_count()
+    }
+}
+
+/// Resume plans by run, kept up to date with the files.
+#[derive(Debug, Default)]
+pub struct PlanCache {
+    slots: Mutex<Vec<(PathBuf, Arc<Mutex<Slot>>)>>,
+    counts: Counts,
+}
+
+/// How plans were answered.
+#[derive(Debug, Default)]
+struct Counts {
+    builds: AtomicU64,
+    catch_ups: AtomicU64,
+}
+
+/// How many plans a cache built from scratch and how many it answered by catching up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanCounts {
+    pub builds: u64,
+    pub catch_ups: u64,
+}
+
+impl PlanCache {
+    /// Runs `work` over the run's plan as its files stand now.
+    pub fn with_plan<T>(
+        &self,
+        paths: &SidecarPaths,
+        default_cap: u64,
+        work: impl FnOnce(&RunPlan<'_>) -> T,
+    ) -> Result<T, RunFilesError> {
+        let slot = self.slot(&paths.manifest);
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        refresh(&mut slot, paths, default_cap, &self.counts, work)
+    }
+
+    /// How plans were answered so far.
+    pub fn counts(&self) -> PlanCounts {
+        PlanCounts {
+            builds: self.counts.builds.load(Ordering::Relaxed),
+            catch_ups: self.counts.catch_ups.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The run's slot, most recently used first; the least recently used run beyond
+    /// [`CACHED_RUNS`] is forgotten.
+    fn slot(&self, manifest: &Path) -> Arc<Mutex<Slot>> {
+        let mut slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = match slots.iter().position(|(path, _)| path == manifest) {
+            Some(i) => slots.remove(i).1,
+            None => Arc::default(),
+        };
+        slots.insert(0, (manifest.to_owned(), slot.clone()));
+        slots.truncate(CACHED_RUNS);
+        slot
+    }
+}
+
+/// Builds the plan of a run from its files, nothing cached (the offline CLI).
+pub fn plan_once<T>(
+    paths: &SidecarPaths,
+    default_cap: u64,
+    work: impl FnOnce(&RunPlan<'_>) -> T,
+) -> Result<T, RunFilesError> {
+    refresh(
+        &mut Slot::default(),
+        paths,
+        default_cap,
+        &Counts::default(),
+        work,
+    )
+}
+
+fn refresh<T>(
+    slot: &mut Slot,
+    paths: &SidecarPaths,
+    default_cap: u64,
+    counts: &Counts,
+    work: impl FnOnce(&RunPlan<'_>) -> T,
+) -> Result<T, RunFilesError> {
+    // Outcome files first: everything below these sizes had its attempt reserved in the
+    // manifest read next.
+    let measured = [
+        Measured::of(&paths.failures)?,
+        Measured::of(&paths.output.clone())?,
+    ];
+    let manifest = read_manifest(slot.manifest.take(), &paths.manifest)?;
+    slot.manifest = Some(manifest.clone());
+    let manifest = manifest.manifest;
+    let policy_bytes = match std::fs::read(&paths.classification_policy) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(&paths.classification_policy, e)),
+    };
+    let (extension, offset, approvals) = runfiles::budget_inputs(paths)?;
+    let options = IndexOptions {
+        resubmit_offset: offset,
+    };
+    let reusable = slot.indexed.take().and_then(|mut indexed| {
+        indexed
+            .fits(paths, &manifest, (&options, &policy_bytes), &measured)
+            .then_some(indexed)
+    });
+    let indexed = match reusable.map(|indexed| catch_up(indexed, paths, &measured)) {
+        Some(Ok(indexed)) => {
+            counts.catch_ups.fetch_add(1, Ordering::Relaxed);
+            indexed
+        }
+        // A refusal while catching up is decided again from scratch (the cold answer).
+        Some(Err(_)) | None => {
+            counts.builds.fetch_add(1, Ordering::Relaxed);
+            build(paths, &manifest, policy_bytes, options, &measured)?
+        }
+    };
+    let plan = RunPlan {
+        manifest: &manifest,
+        index: &indexed.index,
+        reservations: &indexed.reservations,
+        budget: Budget {
+            default_cap,
+            extension,
+        },
+        approvals,
+    };
+    let result = work(&plan);
+    slot.indexed = Some(indexed);
+    Ok(result)
+}
+
+fn read_manifest(cached: Option<ReadManifest>, path: &Path) -> Result<ReadManifest, RunFilesError> {
+    let bytes = match std::fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(RunFilesError::NoManifest(format!(
+                "{} is missing",
+                path.display()
+            )));
+        }
+        Err(e) => {
+            return Err(RunFilesError::ManifestUnreadable(format!(
+                "Cannot read recovery manifest {}: {e}",
+                path.display()
+            )));
+        }
+    };
+    if let Some(cached) = cached.filter(|c| c.bytes == bytes) {
+        return Ok(cached);
+    }
+    match RunManifest::from_json_bytes(&bytes) {
+        Ok(manifest) => Ok(ReadManifest {
+            bytes,
+            manifest: Arc::new(manifest),
+        }),
+        Err(e) => Err(RunFilesError::ManifestUnreadable(format!(
+            "Cannot read recovery manifest {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+fn outcomes_error(e: OutcomesError) -> RunFilesError {
+    RunFilesError::RowsInvalid(e.to_string())
+}
+
+/// Indexes a run from scratch.
+fn build(
+    paths: &SidecarPaths,
+    manifest: &Arc<RunManifest>,
+    policy_bytes: Option<Vec<u8>>,
+    options: IndexOptions,
+    measured: &[Measured; 2],
+) -> Result<Indexed, RunFilesError> {
+    let policy = match &policy_bytes {
+        Some(bytes) => ClassificationPolicy::from_json(bytes).map_err(|e| {
+            RunFilesError::RowsInvalid(format!("{}: {e}", paths.classification_policy.display()))
+        })?,
+        None => ClassificationPolicy::default(),
+    };
+    let unreadable = |e: &dyn std::fmt::Display| {
+        RunFilesError::ManifestUnreadable(format!("{}: {e}", paths.materialized.display()))
+    };
+    let identity = FileIdentity::of(&paths.materialized).map_err(|e| unreadable(&e))?;
+    let mut reader = Hashing {
+        inner: File::open(&paths.materialized).map_err(|e| unreadable(&e))?,
+        hasher: Sha256::new(),
+    };
+    let rows = read_inventory(
+        &mut reader,
+        &paths.materialized.display().to_string(),
+        threads(),
+    )
+    .map_err(|e| RunFilesError::RowsInvalid(e.to_string()))?;
+    let inventory = Inventory {
+        identity,
+        sha256: reader.hasher.finalize().into(),
+    };
+    let invalid = |e: recovery_core::plan::PlanError| RunFilesError::RowsInvalid(e.to_string());
+    let index = RunIndex::new(manifest, rows, policy, options.clone()).map_err(invalid)?;
+    let reservations = index.reservations(manifest).map_err(invalid)?;
+    catch_up(
+        Indexed {
+            inventory,
+            policy_bytes,
+            options,
+            index,
+            marks: [Mark::default(), Mark::default()],
+            manifest: manifest.clone(),
+            reservations,
+        },
+        paths,
+        measured,
+    )
+}
+
+/// Reads what was appended to the outcome files since the marks, up to the measured sizes:
+/// the failures sidecar first, then the results file.
+fn catch_up(
+    mut indexed: Indexed,
+    paths: &SidecarPaths,
+    measured: &[Measured; 2],
+) -> Result<Indexed, RunFilesError> {
+    let mut lines = FileLines {
+        failures: measured[0].file.as_ref(),
+        results: measured[1].file.as_ref(),
+    };
+    for (i, (artifact, path)) in [
+        (Artifact::Failures, &paths.failures),
+        (Artifact::Results, &paths.output),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = &measured[i];
+        let mark = &indexed.marks[i];
+        let read = match &file.file {
+            Some(handle) if file.size > mark.read.offset => {
+                let mut handle = handle;
+                handle
+                    .seek(SeekFrom::Start(mark.read.offset))
+                    .map_err(|e| io(path, e))?;
+                index_outcomes(
+                    &mut indexed.index,
+                    &indexed.reservations,
+                    artifact,
+                    handle.take(file.size - mark.read.offset),
+                    mark.read,
+                    &path.display().to_string(),
+                    threads(),
+                    &mut lines,
+                )
+                .map_err(outcomes_error)?
+            }
+            _ => mark.read,
+        };
+        indexed.marks[i] = Mark {
+            file: file.identity,
+            guard: file.guard_before(read.offset),
+            read,
+        };
+    }
+    Ok(indexed)
+}
