@@ -40,7 +40,8 @@ pub struct SavedRun {
 pub struct CurrentRun {
     pub source_digest: String,
     pub materialized_digest: String,
-    pub config: ConfigurationIdentity,
+    /// Shared: a service keeps the identities of recent requests.
+    pub config: std::sync::Arc<ConfigurationIdentity>,
 }
 
 /// Why saved work does not verify against the current run.

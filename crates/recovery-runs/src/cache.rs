@@ -97,6 +97,72 @@ impl<T: Clone> FileCache<T> {
         }
         Ok(value)
     }
+
+    /// The cached value for the file at `path` when its identity still holds (one `stat`, never
+    /// a read; `None` when it would have to be derived, or another caller is deriving it).
+    pub fn peek(&self, path: &Path) -> Option<T> {
+        let now = FileIdentity::of(path).ok()?;
+        let slot = {
+            let slots = self.slots.lock().unwrap_or_else(PoisonError::into_inner);
+            slots.get(path)?.clone()
+        };
+        let entry = slot.try_lock().ok()?;
+        entry
+            .as_ref()
+            .filter(|(identity, _)| *identity == now)
+            .map(|(_, value)| value.clone())
+    }
+}
+
+/// Values derived from a request's contents, keyed by the SHA-256 of those contents: the most
+/// recent few are kept (a fleet of collectors restarting with one configuration computes its
+/// identity once). Blocking: call from blocking threads.
+#[derive(Debug)]
+pub struct Recent<T> {
+    entries: Mutex<std::collections::VecDeque<([u8; 32], Arc<T>)>>,
+    capacity: usize,
+}
+
+impl<T> Recent<T> {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            entries: Mutex::new(std::collections::VecDeque::with_capacity(capacity)),
+            capacity,
+        }
+    }
+
+    /// The value for `key` when it is among the recent ones.
+    pub fn peek(&self, key: &[u8; 32]) -> Option<Arc<T>> {
+        let entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, value)| value.clone())
+    }
+
+    /// The value for `key`, derived (outside the lock: concurrent misses each derive) when it is
+    /// not among the recent ones.
+    pub fn get_or_try<E>(
+        &self,
+        key: [u8; 32],
+        derive: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Arc<T>, E> {
+        {
+            let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(i) = entries.iter().position(|(k, _)| *k == key) {
+                let entry = entries.remove(i).expect("present");
+                let value = entry.1.clone();
+                entries.push_front(entry);
+                return Ok(value);
+            }
+        }
+        let value = Arc::new(derive()?);
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.retain(|(k, _)| *k != key);
+        entries.push_front((key, value.clone()));
+        entries.truncate(self.capacity);
+        Ok(value)
+    }
 }
 
 /// The saved materialized inputs as a resume compares them.
@@ -107,7 +173,7 @@ pub struct MaterializedFacts {
 }
 
 /// Every cache a registry keeps.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RunCaches {
     /// SHA-256 of source datasets.
     pub sources: FileCache<String>,
@@ -117,4 +183,21 @@ pub struct RunCaches {
     pub identities: FileCache<Option<Arc<Value>>>,
     /// Resume plans, indexed once per run and caught up with appended outcomes.
     pub plans: crate::plans::PlanCache,
+    /// Current identities of recent validations, by their configuration, environment and rows.
+    pub current_identities: Recent<recovery_core::identity::ConfigurationIdentity>,
+    /// Digests and server references of rows recent validations sent, by the rows' texts.
+    pub sent_rows: Recent<MaterializedFacts>,
+}
+
+impl Default for RunCaches {
+    fn default() -> Self {
+        Self {
+            sources: FileCache::default(),
+            materialized: FileCache::default(),
+            identities: FileCache::default(),
+            plans: crate::plans::PlanCache::default(),
+            current_identities: Recent::new(64),
+            sent_rows: Recent::new(16),
+        }
+    }
 }

@@ -7,6 +7,7 @@
 //!
 //! - [`cache`]: derived state of files cached by file identity (a warm validate reads nothing).
 //! - [`events`]: the sidecar lines (drift journal, approvals, attempt extensions, resubmits).
+//! - [`groupcommit`]: journal appends of concurrent callers in one write and one fdatasync.
 //! - [`registry`]: recording events, manifests and identities; reindex.
 //! - [`leases`]: acquire, heartbeat, release, expiry sweep and operator takeover.
 //! - [`operations`]: the run-level operations (create, validate, reserve, re-judgments,
@@ -18,6 +19,7 @@
 pub mod cache;
 pub mod clock;
 pub mod events;
+pub mod groupcommit;
 pub mod leases;
 pub mod operations;
 pub mod plans;

@@ -131,13 +131,16 @@ pub enum Admitted {
 /// A collector's resume request, its paths already confined.
 #[derive(Debug, Clone)]
 pub struct ResumeRequest {
-    pub config: Value,
-    pub global_config: Value,
+    /// The collection settings and the server tree as sent: parsed only when no recent request
+    /// sent the same texts (their identity is then taken from [`RunCaches::current_identities`]).
+    pub config: Box<serde_json::value::RawValue>,
+    pub global_config: Box<serde_json::value::RawValue>,
     pub environment: BTreeMap<String, String>,
     pub source: PathBuf,
-    /// The rows materialized now, as raw JSON texts (never built into trees); `None` takes the
-    /// saved ones as current.
-    pub rows: Option<Vec<Box<serde_json::value::RawValue>>>,
+    /// The rows materialized now: the array's raw JSON text (never built into trees; split
+    /// into rows only when no recent request sent the same text); `None` takes the saved ones
+    /// as current.
+    pub rows: Option<Box<serde_json::value::RawValue>>,
     pub allow_unsafe: bool,
 }
 
@@ -878,7 +881,12 @@ impl Registry {
         let (paths, work) = (section.paths().clone(), request.clone());
         let allow_unsafe = request.allow_unsafe;
         let caches = self.caches().clone();
-        let (saved, current) = blocking(move || current_run(&caches, &paths, &work)).await?;
+        // Everything already derived and cached: deciding costs a few `stat`s, less than the
+        // trip to a blocking thread.
+        let (saved, current) = match current_run_cached(&caches, &paths, &work) {
+            Some(decided) => decided?,
+            None => blocking(move || current_run(&caches, &paths, &work)).await?,
+        };
         // A missing or unreadable manifest is the verdict's to answer (a legacy import
         // included); another run's manifest is never validated against.
         if let SavedManifest::Read(manifest) = &saved.manifest
@@ -1031,8 +1039,10 @@ fn saved_run(caches: &RunCaches, paths: &SidecarPaths) -> (SavedRun, Option<Arc<
     (saved, materialized.ok().map(|m| m.references))
 }
 
-/// The saved run and the current one as `validate_resume` compares them. The identity's earlier
-/// forms are computed only when the current form does not name the saved digest.
+/// The saved run and the current one as `validate_resume` compares them. The current identity
+/// of a request whose configuration, environment and rows a recent request sent too is taken
+/// from the cache; the identity's earlier forms are computed only when the current form does
+/// not name the saved digest.
 fn current_run(
     caches: &RunCaches,
     paths: &SidecarPaths,
@@ -1041,30 +1051,45 @@ fn current_run(
     let (saved, saved_references) = saved_run(caches, paths);
     let (materialized_digest, references) = match &request.rows {
         Some(rows) => {
-            let (digest, references) = raw_rows_facts(rows)?;
-            (digest, Arc::new(references))
+            let facts = caches
+                .sent_rows
+                .get_or_try(rows_key(rows), || raw_rows_facts(rows))?;
+            (facts.digest.clone(), facts.references.clone())
         }
         None => (
             saved.materialized.clone().unwrap_or_default(),
             saved_references.unwrap_or_default(),
         ),
     };
-    let bundle = ConfigBundle {
-        config: &request.config,
-        global_config: &request.global_config,
-        rows: &references,
-        environment: &request.environment,
-    };
     let saved_digest = match &saved.manifest {
         SavedManifest::Read(manifest) => Some(manifest.config_digest.as_str()),
         _ => None,
     };
-    let identity = ConfigurationIdentity::compute_current(bundle).and_then(|mut identity| {
-        if saved_digest != Some(identity.config_digest.as_str()) {
-            identity.add_earlier_forms(bundle)?;
-        }
-        Ok(identity)
-    });
+    let identity = caches
+        .current_identities
+        .get_or_try(identity_key(request, &materialized_digest), || {
+            let (config, global_config) = parsed_configuration(request)?;
+            Ok(ConfigurationIdentity::compute_current(ConfigBundle {
+                config: &config,
+                global_config: &global_config,
+                rows: &references,
+                environment: &request.environment,
+            })?)
+        })
+        .and_then(|identity| {
+            if saved_digest == Some(identity.config_digest.as_str()) {
+                return Ok(identity);
+            }
+            let (config, global_config) = parsed_configuration(request)?;
+            let mut identity = (*identity).clone();
+            identity.add_earlier_forms(ConfigBundle {
+                config: &config,
+                global_config: &global_config,
+                rows: &references,
+                environment: &request.environment,
+            })?;
+            Ok(Arc::new(identity))
+        });
     let current = match identity {
         Ok(config) => Some(CurrentRun {
             source_digest: caches.sources.get(&request.source, file_sha256)?,
@@ -1072,18 +1097,102 @@ fn current_run(
             config,
         }),
         // Like the collector: without allow_unsafe a configuration error propagates.
-        Err(e) if !request.allow_unsafe => return Err(e.into()),
-        Err(_) => None,
+        Err(OpError::Identity(e)) if !request.allow_unsafe => return Err(e.into()),
+        Err(OpError::Identity(_)) => None,
+        Err(other) => return Err(other),
     };
     Ok((saved, current))
+}
+
+/// Manifests up to this size are read on the async worker by [`current_run_cached`].
+const INLINE_MANIFEST_BYTES: u64 = 64 * 1024;
+
+/// [`current_run`] when everything it derives is cached (the source's digest, the saved rows'
+/// facts and identity, the request's current identity), no rows are sent and the manifest is
+/// small: a few `stat`s and one small read. `None` when something would have to be derived.
+fn current_run_cached(
+    caches: &RunCaches,
+    paths: &SidecarPaths,
+    request: &ResumeRequest,
+) -> Option<Result<(SavedRun, Option<CurrentRun>), OpError>> {
+    if request.rows.is_some()
+        || std::fs::metadata(&paths.manifest).ok()?.len() > INLINE_MANIFEST_BYTES
+    {
+        return None;
+    }
+    let materialized = caches.materialized.peek(&paths.materialized)?;
+    caches.identities.peek(&paths.identity)?;
+    let source_digest = caches.sources.peek(&request.source)?;
+    let identity = caches
+        .current_identities
+        .peek(&identity_key(request, &materialized.digest))?;
+    let (saved, _) = saved_run(caches, paths);
+    let current_form = matches!(&saved.manifest, SavedManifest::Read(m) if m.config_digest == identity.config_digest);
+    current_form.then(|| {
+        Ok((
+            saved,
+            Some(CurrentRun {
+                source_digest,
+                materialized_digest: materialized.digest,
+                config: identity,
+            }),
+        ))
+    })
+}
+
+/// The request's configuration texts as JSON values.
+fn parsed_configuration(request: &ResumeRequest) -> Result<(Value, Value), OpError> {
+    let parse = |field: &str, raw: &serde_json::value::RawValue| {
+        serde_json::from_str::<Value>(raw.get())
+            .map_err(|e| OpError::Invalid(format!("{field}: {e}")))
+    };
+    Ok((
+        parse("config", &request.config)?,
+        parse("global_config", &request.global_config)?,
+    ))
+}
+
+/// Length-prefixed parts, hashed: no two different sequences of parts share a key.
+fn key_of<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 32] {
+    use sha2::Digest as _;
+    let mut hasher = sha2::Sha256::new();
+    for part in parts {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
+}
+
+/// What a current identity is computed from: the configuration texts, the environment sent and
+/// the rows (named by their materialized digest, which their server references derive from).
+fn identity_key(request: &ResumeRequest, materialized_digest: &str) -> [u8; 32] {
+    let environment = request
+        .environment
+        .iter()
+        .flat_map(|(k, v)| [k.as_bytes(), v.as_bytes()]);
+    key_of(
+        [
+            request.config.get().as_bytes(),
+            request.global_config.get().as_bytes(),
+            materialized_digest.as_bytes(),
+            &(request.environment.len() as u64).to_le_bytes()[..],
+        ]
+        .into_iter()
+        .chain(environment),
+    )
+}
+
+/// The rows' text, as a key.
+fn rows_key(rows: &serde_json::value::RawValue) -> [u8; 32] {
+    key_of([rows.get().as_bytes()])
 }
 
 /// The materialized digest and server references of rows sent as raw JSON texts: each row one
 /// JSONL line (whitespace newlines inside a row's text are blanks between tokens, since a JSON
 /// string cannot hold a raw newline), digested from its text as the file would be.
-fn raw_rows_facts(
-    rows: &[Box<serde_json::value::RawValue>],
-) -> Result<(String, RowReferences), OpError> {
+fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFacts, OpError> {
+    let rows: Vec<&serde_json::value::RawValue> = serde_json::from_str(rows.get())
+        .map_err(|e| OpError::Invalid(format!("rows: must be an array of objects: {e}")))?;
     let mut text = Vec::with_capacity(rows.iter().map(|r| r.get().len() + 1).sum());
     let mut references = RowReferences::default();
     for (i, row) in rows.iter().enumerate() {
@@ -1105,7 +1214,10 @@ fn raw_rows_facts(
     let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
         .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
         .sha256;
-    Ok((digest, references))
+    Ok(MaterializedFacts {
+        digest,
+        references: Arc::new(references),
+    })
 }
 
 /// The companions a replacement moves aside (never deletes).

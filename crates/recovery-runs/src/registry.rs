@@ -14,13 +14,14 @@ use crate::clock::Clock;
 use crate::events::{
     ApprovalLine, DRIFT_JOURNAL, DriftLine, EXTENSION_JOURNAL, ExtensionLine, line_id, resubmit_id,
 };
+use crate::groupcommit::GroupJournals;
 use crate::leases::Leases;
-use crate::runlock::{JournalLocks, LockedRun, RunLockError, RunLocks, RunSection, SharedRun};
+use crate::runlock::{LockedRun, RunLockError, RunLocks, RunSection, SharedRun};
 use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
-    Confinement, PathError, SidecarPaths, append_line, append_line_at, atomic_write_json,
-    read_lines, read_lines_from,
+    Confinement, PathError, SidecarPaths, append_line, atomic_write_json, read_lines,
+    read_lines_from,
 };
 use recovery_store::{
     Approval, AttemptExtension, DriftEvent, Rejudgment, Resubmit, RunRecord, Store, StoreError,
@@ -96,7 +97,7 @@ pub struct Registry {
     confinement: Confinement,
     clock: Arc<dyn Clock>,
     locks: RunLocks,
-    journals: JournalLocks,
+    journals: GroupJournals,
     caches: Arc<RunCaches>,
 }
 
@@ -144,7 +145,7 @@ impl Registry {
         Self {
             locks: RunLocks::new(store.clone(), leases),
             caches: Arc::default(),
-            journals: JournalLocks::default(),
+            journals: GroupJournals::default(),
             store,
             confinement,
             clock,
@@ -260,6 +261,30 @@ impl Registry {
         Ok(())
     }
 
+    /// Appends one journal line (group-committed with concurrent appends to the same journal:
+    /// one write and one fdatasync for all of them); returns the line's derived id.
+    async fn append_json_line<T: serde::Serialize>(
+        &self,
+        path: &Path,
+        run_id: &str,
+        journal: &'static str,
+        line: &T,
+    ) -> Result<String, RegistryError> {
+        let bytes = serde_json::to_vec(line).map_err(|e| RegistryError::Io {
+            context: "serialising a journal line".into(),
+            source: e.into(),
+        })?;
+        let offset = self
+            .journals
+            .append(path, bytes.clone())
+            .await
+            .map_err(|e| RegistryError::Io {
+                context: e.path,
+                source: std::io::Error::other(e.message),
+            })?;
+        Ok(line_id(run_id, journal, offset, &bytes))
+    }
+
     /// Journals a resume across operational drift (keys and digests, never values).
     pub async fn record_drift(
         &self,
@@ -278,16 +303,18 @@ impl Registry {
             current_config_digest: current_config_digest.to_owned(),
             operational_keys: keys,
         };
-        let _journal = self.journals.lock(&run.paths().resume_drift).await;
-        let id = append_json_line(
-            &run.paths().resume_drift,
-            &manifest.run_id,
-            DRIFT_JOURNAL,
-            &line,
-        )
-        .await?;
+        let id = self
+            .append_json_line(
+                &run.paths().resume_drift,
+                &manifest.run_id,
+                DRIFT_JOURNAL,
+                &line,
+            )
+            .await?;
         let event = drift_event(id, line);
-        self.store.insert_drift_event(&event).await?;
+        self.store
+            .insert_grouped(vec![recovery_store::GroupedRow::Drift(event.clone())])
+            .await?;
         Ok(event)
     }
 
@@ -309,7 +336,8 @@ impl Registry {
             rollout_index,
             attempt_index,
         };
-        append_json_line(&run.paths().rerun_masked, run_id, "rerun_masked", &line).await?;
+        self.append_json_line(&run.paths().rerun_masked, run_id, "rerun_masked", &line)
+            .await?;
         let approval = approval_record(run_id, line);
         self.store.insert_approval(&approval).await?;
         Ok(approval)
@@ -368,13 +396,14 @@ impl Registry {
             by: by.to_owned(),
             reason: reason.to_owned(),
         };
-        let id = append_json_line(
-            &run.paths().attempt_extension,
-            run_id,
-            EXTENSION_JOURNAL,
-            &line,
-        )
-        .await?;
+        let id = self
+            .append_json_line(
+                &run.paths().attempt_extension,
+                run_id,
+                EXTENSION_JOURNAL,
+                &line,
+            )
+            .await?;
         let extension = extension_record(run_id, id, line);
         self.store.insert_extension(&extension).await?;
         Ok(extension)
@@ -813,29 +842,6 @@ pub fn unix_to_text(seconds: f64) -> String {
 }
 
 /// Appends a journal line (under the run's lock: one writer) and returns its derived id.
-async fn append_json_line<T: serde::Serialize>(
-    path: &Path,
-    run_id: &str,
-    journal: &'static str,
-    line: &T,
-) -> Result<String, RegistryError> {
-    let bytes = serde_json::to_vec(line).map_err(|e| RegistryError::Io {
-        context: "serialising a journal line".into(),
-        source: e.into(),
-    })?;
-    let (path, run_id) = (path.to_owned(), run_id.to_owned());
-    blocking(move || {
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(io(format!("creating {}", parent.display())))?;
-        }
-        let (_, offset) = append_line_at(&path, &bytes)
-            .map_err(io(format!("appending to {}", path.display())))?;
-        Ok(line_id(&run_id, journal, offset, &bytes))
-    })
-    .await
-}
-
 fn drift_event(id: String, line: DriftLine) -> DriftEvent {
     DriftEvent {
         event_id: line.id.unwrap_or(id),

@@ -17,8 +17,8 @@
 //! and appends to a journal (a validation that reuses or resumes across operational drift):
 //! shared sections of one run run side by side, never beside an exclusive one; they hold the
 //! run's `flock` together (one taken for the first, released with the last), and each journal's
-//! appends are serialised by that journal's own mutex ([`JournalLocks`]), so a journal still has
-//! one writer.
+//! appends go through its group commit ([`crate::groupcommit`]), so a journal still has one
+//! writer.
 //!
 //! Invariants: the per-run lock is the outermost lock and no lock is taken while waiting for it
 //! except the ones above in that order; no process-wide mutex is held across IO (the shared
@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
-use tokio::sync::{OwnedMutexGuard, OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 /// Why a run could not be locked.
 #[derive(Debug, thiserror::Error)]
@@ -78,35 +78,6 @@ impl LocalRunLocks {
     }
 }
 
-/// One async mutex per journal file: appends under shared sections take it, so each journal
-/// has one writer at a time.
-#[derive(Debug, Clone, Default)]
-pub struct JournalLocks {
-    locks: Arc<Mutex<HashMap<PathBuf, Weak<tokio::sync::Mutex<()>>>>>,
-}
-
-impl JournalLocks {
-    /// Waits for the journal at `path`.
-    pub async fn lock(&self, path: &Path) -> OwnedMutexGuard<()> {
-        let mutex = {
-            let mut locks = self
-                .locks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            match locks.get(path).and_then(Weak::upgrade) {
-                Some(mutex) => mutex,
-                None => {
-                    locks.retain(|_, weak| weak.strong_count() > 0);
-                    let mutex = Arc::new(tokio::sync::Mutex::new(()));
-                    locks.insert(path.to_owned(), Arc::downgrade(&mutex));
-                    mutex
-                }
-            }
-        };
-        mutex.lock_owned().await
-    }
-}
-
 /// How the run's `flock` is held during a section.
 #[derive(Debug)]
 enum Flock {
@@ -131,7 +102,7 @@ pub struct LockedRun {
 }
 
 /// A run locked in shared mode: its files are read and its journals appended to (through
-/// [`JournalLocks`]), never rewritten. Drops in the same order as [`LockedRun`].
+/// [`crate::groupcommit`]), never rewritten. Drops in the same order as [`LockedRun`].
 #[derive(Debug)]
 pub struct SharedRun {
     paths: SidecarPaths,
@@ -276,6 +247,19 @@ impl RunLocks {
             return Ok(Flock::Lease(lock));
         }
         let (run_lock, map) = (paths.run_lock.clone(), self.shared_flocks.clone());
+        if shared {
+            // Another shared section holds the run's flock: share it, no file work.
+            let flocks = map
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(lock) = flocks.get(&run_lock).and_then(Weak::upgrade) {
+                drop(flocks);
+                return Ok(Flock::Shared(SharedFlock {
+                    map,
+                    lock: Some(lock),
+                }));
+            }
+        }
         let taken = tokio::task::spawn_blocking(move || {
             if !shared {
                 return RunLock::for_output(&run_lock, None).map(Flock::Section);

@@ -14,6 +14,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+#[path = "runs/groupcommit.rs"]
+mod groupcommit;
 #[path = "runs/plans.rs"]
 mod plans;
 

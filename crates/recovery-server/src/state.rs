@@ -8,6 +8,10 @@ use recovery_sidecar::SidecarPaths;
 use recovery_store::RunRecord;
 use std::sync::{Arc, OnceLock};
 
+/// Request bodies up to this size are parsed on the async worker that received them: reading
+/// one costs less than handing it to a blocking thread and back.
+pub const INLINE_BODY_BYTES: usize = 64 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub config: Arc<ServerConfig>,

@@ -38,6 +38,9 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
     #[error("the store is closed")]
     Closed,
+    /// A group commit this caller's rows were part of failed.
+    #[error("database error: {0}")]
+    Grouped(String),
 }
 
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
@@ -51,6 +54,24 @@ pub struct Store {
     /// Connections that may sit in a held advisory lock at once: fewer than the pool, so a
     /// critical section holding one can always get another for its writes.
     advisory_slots: Arc<Semaphore>,
+    /// Event rows of concurrent callers, committed together.
+    group: Arc<Group>,
+}
+
+/// An event row written through the group commit ([`Store::insert_grouped`]).
+#[derive(Debug, Clone)]
+pub enum GroupedRow {
+    Resume(ResumeEvent),
+    Drift(DriftEvent),
+}
+
+type GroupAnswer = tokio::sync::oneshot::Sender<Result<(), String>>;
+
+/// The group commit's queue and its leader mutex (see [`Store::insert_grouped`]).
+#[derive(Debug, Default)]
+struct Group {
+    queued: std::sync::Mutex<Vec<(Vec<GroupedRow>, GroupAnswer)>>,
+    leader: Arc<tokio::sync::Mutex<()>>,
 }
 
 const SQLITE_CONNECTIONS: u32 = 4;
@@ -117,6 +138,75 @@ fn placeholders(rows: usize, columns: usize) -> String {
         .join(", ")
 }
 
+type Tx<'a> = sqlx::Transaction<'a, Any>;
+
+/// Inserts resume events (a few dozen: one statement) in `tx`.
+async fn insert_resume_events(tx: &mut Tx<'_>, events: &[&ResumeEvent]) -> Result<(), StoreError> {
+    let sql = format!(
+        "INSERT INTO resume_events (event_id, run_id, output_path, at, outcome, message, reasons, semantic_keys, \
+         operational_keys, saved_config_digest, current_config_digest, client) \
+         VALUES {} ON CONFLICT (event_id) DO NOTHING",
+        placeholders(events.len(), 12)
+    );
+    let mut query = sqlx::query(&sql);
+    for event in events {
+        query = query
+            .bind(&event.event_id)
+            .bind(&event.run_id)
+            .bind(&event.output_path)
+            .bind(&event.at)
+            .bind(&event.outcome)
+            .bind(&event.message)
+            .bind(to_json(&event.reasons))
+            .bind(to_json(&event.semantic_keys))
+            .bind(to_json(&event.operational_keys))
+            .bind(&event.saved_config_digest)
+            .bind(&event.current_config_digest)
+            .bind(&event.client);
+    }
+    query.execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// Inserts drift events (a few dozen: SQLite looks each `$N` up by name, so a statement's cost
+/// grows with the square of its parameters) and their keys in `tx`; returns how many were new.
+async fn insert_drift_chunk(tx: &mut Tx<'_>, events: &[&DriftEvent]) -> Result<usize, StoreError> {
+    let sql = format!(
+        "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
+         VALUES {} ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
+        placeholders(events.len(), 6)
+    );
+    let mut query = sqlx::query_scalar::<_, String>(&sql);
+    for event in events {
+        query = query
+            .bind(&event.event_id)
+            .bind(&event.run_id)
+            .bind(&event.at)
+            .bind(&event.saved_config_digest)
+            .bind(&event.current_config_digest)
+            .bind(to_json(&event.operational_keys));
+    }
+    let new_ids: std::collections::HashSet<String> =
+        query.fetch_all(&mut **tx).await?.into_iter().collect();
+    let keys: Vec<(&DriftEvent, &String)> = events
+        .iter()
+        .filter(|e| new_ids.contains(&e.event_id))
+        .flat_map(|e| e.operational_keys.iter().map(move |k| (*e, k)))
+        .collect();
+    for rows in keys.chunks(50) {
+        let sql = format!(
+            "INSERT INTO drift_event_keys (event_id, key, at) VALUES {} ON CONFLICT (event_id, key) DO NOTHING",
+            placeholders(rows.len(), 3)
+        );
+        let mut query = sqlx::query(&sql);
+        for (event, key) in rows {
+            query = query.bind(&event.event_id).bind(*key).bind(&event.at);
+        }
+        query.execute(&mut **tx).await?;
+    }
+    Ok(new_ids.len())
+}
+
 fn to_json(list: &[String]) -> String {
     serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
 }
@@ -147,6 +237,9 @@ impl Store {
         };
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
+            // An SQLite connection is a file handle: a ping before every use (one more round
+            // trip to its worker thread) finds nothing a query would not.
+            .test_before_acquire(backend == Backend::Postgres)
             .after_connect(move |connection, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -180,6 +273,7 @@ impl Store {
             pool,
             backend,
             advisory_slots: Arc::new(Semaphore::new(connections as usize / 2)),
+            group: Arc::default(),
         })
     }
 
@@ -410,6 +504,88 @@ impl Store {
             .collect()
     }
 
+    // --- group commit ----------------------------------------------------------------------
+
+    /// Records event rows in one transaction with the rows concurrent callers record (group
+    /// commit: a caller that finds no commit running commits everything queued, its own rows
+    /// included; callers that queue meanwhile are committed by the next one). Answers once its
+    /// rows are committed. Inserts are idempotent, so a submission that fails together with
+    /// others is retried on its own and fails alone.
+    pub async fn insert_grouped(&self, rows: Vec<GroupedRow>) -> Result<(), StoreError> {
+        let (answer, mut answered) = tokio::sync::oneshot::channel();
+        self.group
+            .queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((rows, answer));
+        let leader = self.group.leader.clone().lock_owned().await;
+        if let Ok(result) = answered.try_recv() {
+            return result.map_err(StoreError::Grouped);
+        }
+        let batch = std::mem::take(
+            &mut *self
+                .group
+                .queued
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        let store = self.clone();
+        // The commit owns the batch and the leader mutex: a caller that goes away abandons
+        // nobody's rows and lets no second commit in.
+        tokio::spawn(async move {
+            store.commit_group(batch).await;
+            drop(leader);
+        })
+        .await
+        .map_err(|e| StoreError::Grouped(e.to_string()))?;
+        answered
+            .await
+            .map_err(|_| StoreError::Grouped("the group commit went away".into()))?
+            .map_err(StoreError::Grouped)
+    }
+
+    async fn commit_group(&self, batch: Vec<(Vec<GroupedRow>, GroupAnswer)>) {
+        let all: Vec<&GroupedRow> = batch.iter().flat_map(|(rows, _)| rows).collect();
+        if self.insert_rows(&all).await.is_ok() {
+            for (_, answer) in batch {
+                let _ = answer.send(Ok(()));
+            }
+            return;
+        }
+        for (rows, answer) in batch {
+            let rows: Vec<&GroupedRow> = rows.iter().collect();
+            let result = self.insert_rows(&rows).await.map_err(|e| e.to_string());
+            let _ = answer.send(result);
+        }
+    }
+
+    /// Inserts event rows in one transaction.
+    async fn insert_rows(&self, rows: &[&GroupedRow]) -> Result<(), StoreError> {
+        let resumes: Vec<&ResumeEvent> = rows
+            .iter()
+            .filter_map(|r| match r {
+                GroupedRow::Resume(e) => Some(e),
+                GroupedRow::Drift(_) => None,
+            })
+            .collect();
+        let drifts: Vec<&DriftEvent> = rows
+            .iter()
+            .filter_map(|r| match r {
+                GroupedRow::Drift(e) => Some(e),
+                GroupedRow::Resume(_) => None,
+            })
+            .collect();
+        let mut tx = self.pool.begin().await?;
+        for chunk in resumes.chunks(20) {
+            insert_resume_events(&mut tx, chunk).await?;
+        }
+        for chunk in drifts.chunks(25) {
+            insert_drift_chunk(&mut tx, chunk).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
     // --- journal marks ---------------------------------------------------------------------
 
     /// How far the journal at `path` was indexed: (device, inode, byte offset).
@@ -466,46 +642,11 @@ impl Store {
         let mut inserted = 0;
         for batch in events.chunks(20_000) {
             let mut tx = self.pool.begin().await?;
-            // Multi-row statements (a few dozen rows each: SQLite looks each `$N` up by name, so the
-            // cost of a statement grows with the square of its parameters): one statement per row made a reindex
-            // of a million lines take minutes.
-            let mut new_ids: std::collections::HashSet<String> = std::collections::HashSet::new();
-            for rows in batch.chunks(25) {
-                let sql = format!(
-                    "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
-                     VALUES {} ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
-                    placeholders(rows.len(), 6)
-                );
-                let mut query = sqlx::query_scalar::<_, String>(&sql);
-                for event in rows {
-                    query = query
-                        .bind(&event.event_id)
-                        .bind(&event.run_id)
-                        .bind(&event.at)
-                        .bind(&event.saved_config_digest)
-                        .bind(&event.current_config_digest)
-                        .bind(to_json(&event.operational_keys));
-                }
-                new_ids.extend(query.fetch_all(&mut *tx).await?);
-            }
-            let keys: Vec<(&DriftEvent, &String)> = batch
-                .iter()
-                .filter(|e| new_ids.contains(&e.event_id))
-                .flat_map(|e| e.operational_keys.iter().map(move |k| (e, k)))
-                .collect();
-            for rows in keys.chunks(50) {
-                let sql = format!(
-                    "INSERT INTO drift_event_keys (event_id, key, at) VALUES {} ON CONFLICT (event_id, key) DO NOTHING",
-                    placeholders(rows.len(), 3)
-                );
-                let mut query = sqlx::query(&sql);
-                for (event, key) in rows {
-                    query = query.bind(&event.event_id).bind(*key).bind(&event.at);
-                }
-                query.execute(&mut *tx).await?;
+            let rows: Vec<&DriftEvent> = batch.iter().collect();
+            for chunk in rows.chunks(25) {
+                inserted += insert_drift_chunk(&mut tx, chunk).await?;
             }
             tx.commit().await?;
-            inserted += new_ids.len();
         }
         Ok(inserted)
     }

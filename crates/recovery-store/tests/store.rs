@@ -270,6 +270,109 @@ async fn resume_and_drift_events_are_idempotent_and_queryable() {
     .await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_grouped_inserts_commit_every_row_once_and_answer_after_their_commit() {
+    with_each_backend(|store| async move {
+        let start = Arc::new(tokio::sync::Barrier::new(96));
+        let tasks: Vec<_> = (0..96u32)
+            .map(|i| {
+                let (store, start) = (store.clone(), start.clone());
+                tokio::spawn(async move {
+                    let drift = DriftEvent {
+                        event_id: format!("g{i}"),
+                        run_id: format!("r{}", i % 4),
+                        at: time(i % 60),
+                        saved_config_digest: "c".into(),
+                        current_config_digest: "d".into(),
+                        operational_keys: vec![format!("servers.a{}.port", i % 3)],
+                    };
+                    let resume = ResumeEvent {
+                        event_id: format!("v{i}"),
+                        run_id: Some(drift.run_id.clone()),
+                        output_path: "/data/a.jsonl".into(),
+                        at: drift.at.clone(),
+                        outcome: "resume_with_drift".into(),
+                        message: String::new(),
+                        reasons: vec![],
+                        semantic_keys: vec![],
+                        operational_keys: drift.operational_keys.clone(),
+                        saved_config_digest: Some("c".into()),
+                        current_config_digest: Some("d".into()),
+                        client: None,
+                    };
+                    start.wait().await;
+                    store
+                        .insert_grouped(vec![GroupedRow::Drift(drift), GroupedRow::Resume(resume)])
+                        .await
+                        .expect("grouped insert");
+                    // Answered after the commit: the caller's own rows are visible at once.
+                    let mine = DriftFilter {
+                        run_id: Some(format!("r{}", i % 4)),
+                        limit: 1000,
+                        ..Default::default()
+                    };
+                    let seen = store.query_drift(&mine).await.expect("query");
+                    assert!(seen.iter().any(|e| e.event_id == format!("g{i}")));
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let all = DriftFilter {
+            limit: 1000,
+            ..Default::default()
+        };
+        let mut ids: Vec<String> = store
+            .query_drift(&all)
+            .await
+            .expect("all")
+            .into_iter()
+            .map(|e| e.event_id)
+            .collect();
+        ids.sort();
+        let mut expected: Vec<String> = (0..96).map(|i| format!("g{i}")).collect();
+        expected.sort();
+        assert_eq!(ids, expected);
+        let keyed = DriftFilter {
+            key: Some("servers.a1.port".into()),
+            limit: 1000,
+            ..Default::default()
+        };
+        assert_eq!(store.query_drift(&keyed).await.expect("key").len(), 32);
+        let resumes: usize = resume_event_count(&store).await;
+        assert_eq!(resumes, 96);
+        // Replaying the same rows through the group commit inserts nothing twice.
+        let replay = DriftEvent {
+            event_id: "g0".into(),
+            run_id: "r0".into(),
+            at: time(0),
+            saved_config_digest: "c".into(),
+            current_config_digest: "d".into(),
+            operational_keys: vec!["servers.a0.port".into()],
+        };
+        store
+            .insert_grouped(vec![GroupedRow::Drift(replay)])
+            .await
+            .expect("replay");
+        assert_eq!(store.query_drift(&all).await.expect("all").len(), 96);
+    })
+    .await;
+}
+
+/// Resume events recorded over the four runs of the grouped-insert test.
+async fn resume_event_count(store: &Store) -> usize {
+    let mut total = 0;
+    for run in 0..4 {
+        total += store
+            .list_resume_events(&format!("r{run}"), 1000)
+            .await
+            .expect("list")
+            .len();
+    }
+    total
+}
+
 #[tokio::test]
 async fn approvals_extensions_resubmits_and_rejudgments_keep_their_rules() {
     with_each_backend(|store| async move {

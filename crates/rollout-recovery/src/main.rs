@@ -244,8 +244,14 @@ fn openapi(write: bool, check: bool, path: PathBuf) -> anyhow::Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Blocking work (file reads, digests, plan builds, journal writes) is short or bounded by
+    // the service's heavy-work limits; a few threads per core keep the cores busy, while every
+    // extra thread keeps its own allocator heap (measured: ~4.5 MB of RSS each under load).
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .max_blocking_threads(4 * cores.max(2))
+        .thread_keep_alive(std::time::Duration::from_secs(2))
         .build()
     {
         Ok(runtime) => runtime,

@@ -147,7 +147,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
         Ok(config) => Some(CurrentRun {
             source_digest: source,
             materialized_digest: materialized,
-            config,
+            config: std::sync::Arc::new(config),
         }),
         Err(e) if !args.allow_unsafe => return Err(e),
         Err(_) => None,

@@ -67,7 +67,7 @@ fn current(config: ConfigurationIdentity) -> CurrentRun {
     CurrentRun {
         source_digest: "source-digest".into(),
         materialized_digest: "rows-digest".into(),
-        config,
+        config: std::sync::Arc::new(config),
     }
 }
 

@@ -148,10 +148,13 @@ pub async fn create_run(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ValidateRequest {
+    /// Collection settings (kept as sent: a recent request with the same texts reuses their
+    /// computed identity).
     #[schema(value_type = Object)]
-    pub config: Value,
+    pub config: Box<serde_json::value::RawValue>,
+    /// The raw server configuration tree, interpolations unresolved.
     #[schema(value_type = Object)]
-    pub global_config: Value,
+    pub global_config: Box<serde_json::value::RawValue>,
     #[serde(default)]
     pub environment: BTreeMap<String, String>,
     /// The source dataset as the collector will read it now.
@@ -160,7 +163,7 @@ pub struct ValidateRequest {
     /// Read as raw texts, off the async workers.
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
-    pub rows: Option<Vec<Box<serde_json::value::RawValue>>>,
+    pub rows: Option<Box<serde_json::value::RawValue>>,
     /// Accept a mismatching identity (sticky: every later resume needs it too). The collector's
     /// own name for it, `allow_unsafe_resume`, which refusal messages use, is accepted too.
     #[serde(default, alias = "allow_unsafe_resume")]
@@ -202,8 +205,13 @@ pub async fn validate(
     ApiJsonBytes(body): ApiJsonBytes,
 ) -> ApiResult<Json<ValidateResponse>> {
     caller.require(Role::Collector)?;
-    // Rows may be thousands: the body is read off the async workers, rows kept as raw texts.
-    let request: ValidateRequest = state.blocking(move || parse_json_body(&body)).await?;
+    // Rows may be thousands: a large body is read off the async workers (a small one costs
+    // less to read than to hand over), rows kept as raw texts.
+    let request: ValidateRequest = if body.len() <= crate::state::INLINE_BODY_BYTES {
+        parse_json_body(&body)?
+    } else {
+        state.blocking(move || parse_json_body(&body)).await?
+    };
     let (run, paths) = state.run(&run_id).await?;
     let mut event = ResumeEvent {
         event_id: recovery_sidecar::new_id(),
@@ -237,8 +245,13 @@ pub async fn validate(
                 .into();
                 event.message = error.message.clone();
             }
-            state.registry.store().insert_resume_event(&event).await?;
-            metrics::counter!("rollout_recovery_validations_total", "outcome" => event.outcome.clone())
+            let outcome = event.outcome.clone();
+            state
+                .registry
+                .store()
+                .insert_grouped(vec![recovery_store::GroupedRow::Resume(event)])
+                .await?;
+            metrics::counter!("rollout_recovery_validations_total", "outcome" => outcome)
                 .increment(1);
             result
         })
