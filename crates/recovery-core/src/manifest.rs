@@ -151,6 +151,18 @@ impl RunManifest {
         }
     }
 
+    /// The run a manifest names, read without validating (or building) the rest: which run owns
+    /// an output. `None` when the bytes hold no string `run_id`.
+    pub fn run_id_of(bytes: &[u8]) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Owner {
+            run_id: String,
+        }
+        serde_json::from_slice::<Owner>(bytes)
+            .ok()
+            .map(|o| o.run_id)
+    }
+
     /// Reads manifest bytes exactly as `RunManifest.model_validate_json` would accept them.
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, ManifestError> {
         let value: Value =

@@ -21,7 +21,7 @@ use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
     Confinement, PathError, SidecarPaths, append_line, atomic_write_json, read_lines,
-    read_lines_from,
+    read_lines_batch, read_lines_from,
 };
 use recovery_store::{
     Approval, AttemptExtension, DriftEvent, Rejudgment, Resubmit, RunRecord, Store, StoreError,
@@ -600,12 +600,10 @@ impl Registry {
         &self,
         path: &Path,
         mark: Option<JournalMark>,
-        lines: &[(u64, Vec<u8>)],
+        end: Option<u64>,
     ) -> Result<(), RegistryError> {
         let Some(mark) = mark else { return Ok(()) };
-        let end = lines
-            .last()
-            .map_or(mark.start, |(offset, line)| offset + line.len() as u64 + 1);
+        let end = end.unwrap_or(mark.start);
         let stat_path = path.to_owned();
         let same = blocking(move || {
             Ok(std::fs::symlink_metadata(&stat_path)
@@ -621,6 +619,52 @@ impl Registry {
                 .await?;
         }
         Ok(())
+    }
+
+    /// Indexes a run's drift journal from its mark, a batch of lines at a time (each batch parsed
+    /// on every core, inserted in one transaction, then the mark moved past it), so memory stays
+    /// bounded whatever the journal's length.
+    async fn reindex_drift(
+        &self,
+        run_id: &str,
+        path: &Path,
+        report: &mut ReindexReport,
+    ) -> Result<(), RegistryError> {
+        const BATCH: usize = 20_000;
+        let Some(mark) = self.journal_mark(path).await? else {
+            return Ok(());
+        };
+        let mut start = mark.start;
+        loop {
+            let (read_path, run) = (path.to_owned(), run_id.to_owned());
+            let batch = blocking(move || {
+                Ok(
+                    read_lines_batch(&read_path, start, BATCH).map(|(lines, end)| {
+                        let full = lines.len() == BATCH;
+                        (parse_drift_lines(&run, &read_path, lines), end, full)
+                    }),
+                )
+            })
+            .await?;
+            let ((events, unreadable), end, full) = match batch {
+                Ok(batch) => batch,
+                // A journal that cannot be read (a symbolic link, which is never followed, or
+                // an IO error) is reported: reindex never fails on one run's files.
+                Err(e) => {
+                    report
+                        .unreadable
+                        .push((path.display().to_string(), e.to_string()));
+                    return Ok(());
+                }
+            };
+            report.unreadable.extend(unreadable);
+            report.drift_inserted += self.store.insert_drift_events(&events).await?;
+            self.advance_mark(path, Some(mark), Some(end)).await?;
+            if !full {
+                return Ok(());
+            }
+            start = end;
+        }
     }
 
     /// Reindexes one run from its manifest path (holding its rows against our writers).
@@ -682,22 +726,19 @@ impl Registry {
 
         let run_id = manifest.run_id.clone();
         // The append-only journals are read from where the last reindex left them (same file).
-        let drift_mark = self.journal_mark(&paths.resume_drift).await?;
+        self.reindex_drift(&run_id, &paths.resume_drift, &mut report)
+            .await?;
         let extension_mark = self.journal_mark(&paths.attempt_extension).await?;
         let journals = (
-            paths.resume_drift.clone(),
             paths.rerun_masked.clone(),
             paths.attempt_extension.clone(),
             paths.resubmit_offset.clone(),
         );
-        let starts = (
-            drift_mark.map_or(0, |m| m.start),
-            extension_mark.map_or(0, |m| m.start),
-        );
+        let extension_start = extension_mark.map_or(0, |m| m.start);
         // A journal that cannot be read (a symbolic link, which is never followed, or an IO
         // error) is reported and indexed as empty: reindex never fails on one run's files.
         let approvals_path = paths.rerun_masked.display().to_string();
-        let (drift, approvals, extensions, offsets, problems) = blocking(move || {
+        let (approvals, extensions, offsets, problems) = blocking(move || {
             let mut problems = Vec::new();
             let mut read_from = |path: &PathBuf, start: u64| {
                 read_lines_from(path, start).unwrap_or_else(|e| {
@@ -705,40 +746,17 @@ impl Registry {
                     Vec::new()
                 })
             };
-            let drift = read_from(&journals.0, starts.0);
-            let approvals = read_from(&journals.1, 0);
-            let extensions = read_from(&journals.2, starts.1);
-            let offsets = read_from(&journals.3, 0);
+            let approvals = read_from(&journals.0, 0);
+            let extensions = read_from(&journals.1, extension_start);
+            let offsets = read_from(&journals.2, 0);
             let plain = |lines: Vec<(u64, Vec<u8>)>| -> Vec<Vec<u8>> {
                 lines.into_iter().map(|(_, line)| line).collect()
             };
-            Ok((
-                drift,
-                plain(approvals),
-                extensions,
-                plain(offsets),
-                problems,
-            ))
+            Ok((plain(approvals), extensions, plain(offsets), problems))
         })
         .await?;
         let approvals_readable = !problems.iter().any(|(path, _)| *path == approvals_path);
         report.unreadable.extend(problems);
-        let mut events = Vec::with_capacity(drift.len());
-        for (offset, bytes) in &drift {
-            match serde_json::from_slice::<DriftLine>(bytes) {
-                Ok(line) => {
-                    let id = line_id(&run_id, DRIFT_JOURNAL, *offset, bytes);
-                    events.push(drift_event(id, line));
-                }
-                Err(e) => report.unreadable.push((
-                    format!("{}@{offset}", paths.resume_drift.display()),
-                    e.to_string(),
-                )),
-            }
-        }
-        report.drift_inserted += self.store.insert_drift_events(&events).await?;
-        self.advance_mark(&paths.resume_drift, drift_mark, &drift)
-            .await?;
         let mut journalled = std::collections::HashSet::new();
         for (number, line) in approvals.iter().enumerate() {
             match serde_json::from_slice::<ApprovalLine>(line) {
@@ -783,7 +801,10 @@ impl Registry {
             }
         }
         report.extensions_inserted += self.store.insert_extensions(&records).await?;
-        self.advance_mark(&paths.attempt_extension, extension_mark, &extensions)
+        let end = extensions
+            .last()
+            .map(|(offset, line)| offset + line.len() as u64 + 1);
+        self.advance_mark(&paths.attempt_extension, extension_mark, end)
             .await?;
         for (number, line) in offsets.iter().enumerate() {
             match std::str::from_utf8(line)
@@ -831,6 +852,50 @@ struct JournalMark {
     device: i64,
     inode: i64,
     start: u64,
+}
+
+/// Drift events of journal lines, parsed and identified on every core; unreadable lines are
+/// reported (path@offset and why).
+fn parse_drift_lines(
+    run_id: &str,
+    path: &Path,
+    lines: Vec<(u64, Vec<u8>)>,
+) -> (Vec<DriftEvent>, Vec<(String, String)>) {
+    let parse = |part: &[(u64, Vec<u8>)]| -> Vec<Result<DriftEvent, (String, String)>> {
+        part.iter()
+            .map(
+                |(offset, bytes)| match serde_json::from_slice::<DriftLine>(bytes) {
+                    Ok(line) => Ok(drift_event(
+                        line_id(run_id, DRIFT_JOURNAL, *offset, bytes),
+                        line,
+                    )),
+                    Err(e) => Err((format!("{}@{offset}", path.display()), e.to_string())),
+                },
+            )
+            .collect()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let size = lines.len().div_ceil(threads).max(1024);
+    let parsed: Vec<Result<DriftEvent, (String, String)>> = std::thread::scope(|scope| {
+        let parts: Vec<_> = lines
+            .chunks(size)
+            .map(|part| scope.spawn(move || parse(part)))
+            .collect();
+        parts
+            .into_iter()
+            // A parser that panicked stops the reindex (the mark stays): no line is skipped.
+            .flat_map(|part| part.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let mut events = Vec::with_capacity(parsed.len());
+    let mut unreadable = Vec::new();
+    for result in parsed {
+        match result {
+            Ok(event) => events.push(event),
+            Err(problem) => unreadable.push(problem),
+        }
+    }
+    (events, unreadable)
 }
 
 /// Unix seconds as fixed-width RFC 3339 text.

@@ -355,6 +355,33 @@ where
 #[derive(Debug, Clone, Default)]
 pub struct ApiJsonBytes(pub axum::body::Bytes);
 
+/// A JSON answer serialised where it was computed (a heavy-work thread), so a large answer
+/// never occupies the async workers that keep `/healthz` and cheap calls quick.
+#[derive(Debug, Clone)]
+pub struct SerializedJson(pub Vec<u8>);
+
+impl SerializedJson {
+    /// Serialises `value` here.
+    pub fn of(value: &impl serde::Serialize) -> ApiResult<Self> {
+        serde_json::to_vec(value)
+            .map(Self)
+            .map_err(|e| ApiError::internal("serialising the answer", e))
+    }
+}
+
+impl IntoResponse for SerializedJson {
+    fn into_response(self) -> Response {
+        (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                axum::http::HeaderValue::from_static("application/json"),
+            )],
+            self.0,
+        )
+            .into_response()
+    }
+}
+
 impl<S: Send + Sync> axum::extract::FromRequest<S> for ApiJsonBytes {
     type Rejection = ApiError;
 

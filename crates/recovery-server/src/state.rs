@@ -25,71 +25,119 @@ pub struct AppState {
     pub plans: Arc<HeavyWork>,
 }
 
-/// The bound on heavy blocking work (classifying, planning): a few run at once, a bounded
-/// number wait, and beyond that callers are answered 503 `overloaded` with `Retry-After`
-/// instead of queueing without end (the async workers and `/healthz` stay free).
+/// Heavy blocking work (classifying batches, building plans) on threads of its own that run at
+/// a lower scheduling priority (nice +10) than the threads serving requests, so `/healthz` and
+/// cheap calls keep their latency while the cores are busy with batches. A few run at once, a
+/// bounded number wait, and beyond that callers are answered 503 `overloaded` with
+/// `Retry-After` instead of queueing without end.
+///
+/// Cancellation: a caller that goes away (its client disconnected, or the request timed out)
+/// drops its [`Cancel`] guard; queued work that finds itself cancelled never starts, and work
+/// that checks [`Cancel::is_cancelled`] stops early.
 #[derive(Debug)]
 pub struct HeavyWork {
-    running: tokio::sync::Semaphore,
-    waiting: std::sync::atomic::AtomicUsize,
-    max_waiting: usize,
+    queue: std::sync::mpsc::SyncSender<Job>,
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Set once the caller of a piece of heavy work is gone.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<std::sync::atomic::AtomicBool>);
+
+impl Cancel {
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// Cancels its work when dropped (the caller's future went away, or completed).
+struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        (self.0).0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl HeavyWork {
-    /// `running` at once, at most `max_waiting` queued.
-    pub fn new(running: usize, max_waiting: usize) -> Self {
-        Self {
-            running: tokio::sync::Semaphore::new(running.max(1)),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
-            max_waiting,
+    /// `running` threads named `name-N`, at most `max_waiting` jobs queued.
+    pub fn new(name: &str, running: usize, max_waiting: usize) -> Self {
+        let (queue, jobs) = std::sync::mpsc::sync_channel::<Job>(max_waiting);
+        let jobs = Arc::new(std::sync::Mutex::new(jobs));
+        for n in 0..running.max(1) {
+            let jobs = jobs.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("{name}-{n}"))
+                .spawn(move || {
+                    // Lowering one's own priority is always allowed; failing to is harmless.
+                    let _ =
+                        rustix::process::setpriority_process(Some(rustix::thread::gettid()), 10);
+                    loop {
+                        let job = jobs
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::error!(error = %e, "cannot start a heavy-work thread");
+            }
         }
+        Self { queue }
     }
 
     /// Sized for this machine: two per core running, 64 per core waiting.
     pub fn for_this_machine() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::new(2 * cores, 64 * cores)
+        Self::new("heavy", 2 * cores, 64 * cores)
     }
 
     /// For plan builds: one per core running, four per core waiting.
     pub fn plans_for_this_machine() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::new(cores, 4 * cores)
+        Self::new("plans", cores, 4 * cores)
     }
 
-    /// Runs blocking `work` within the bound: waits for a place, or answers 503 `overloaded`
-    /// when the queue is full.
+    /// Runs `work` on a heavy-work thread: queued, or answered 503 `overloaded` when the queue
+    /// is full; cancelled when this future is dropped.
     pub async fn run<T: Send + 'static>(
         &self,
-        work: impl FnOnce() -> ApiResult<T> + Send + 'static,
+        work: impl FnOnce(&Cancel) -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
-        use std::sync::atomic::Ordering;
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.max_waiting {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
-            return Err(ApiError::new(
-                ErrorCode::Overloaded,
-                "the service is saturated with heavy work; retry after the Retry-After seconds",
-            ));
+        let cancel = Cancel::default();
+        let _cancel_on_drop = CancelOnDrop(cancel.clone());
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            if cancel.is_cancelled() {
+                return;
+            }
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(&cancel)))
+                .unwrap_or_else(|_| Err(ApiError::internal("heavy work", "it panicked")));
+            let _ = answer.send(result);
+        });
+        match self.queue.try_send(job) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(_)) => {
+                return Err(ApiError::new(
+                    ErrorCode::Overloaded,
+                    "the service is saturated with heavy work; retry after the Retry-After seconds",
+                ));
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                return Err(ApiError::internal(
+                    "heavy work",
+                    "no heavy-work thread runs",
+                ));
+            }
         }
-        let waiting = Waiting(&self.waiting);
-        let _permit = self
-            .running
-            .acquire()
+        answered
             .await
-            .map_err(|e| ApiError::internal("waiting for a worker", e))?;
-        drop(waiting);
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| ApiError::internal("background work", e))?
-    }
-}
-
-/// Decrements the waiting count however the wait ends (a client that goes away included).
-struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            .map_err(|e| ApiError::internal("heavy work", e))?
     }
 }
 
@@ -141,11 +189,10 @@ impl AppState {
         let manifest = paths.manifest.clone();
         let owner = self
             .blocking(move || {
-                Ok(std::fs::read(&manifest).ok().and_then(|bytes| {
-                    recovery_core::manifest::RunManifest::from_json_bytes(&bytes)
-                        .ok()
-                        .map(|m| m.run_id)
-                }))
+                // Only the owner is read here (a large run's manifest is megabytes).
+                Ok(std::fs::read(&manifest)
+                    .ok()
+                    .and_then(|bytes| recovery_core::manifest::RunManifest::run_id_of(&bytes)))
             })
             .await?;
         match owner {

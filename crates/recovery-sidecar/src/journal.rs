@@ -137,6 +137,39 @@ pub fn read_lines_at(path: &Path) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
     read_lines_from(path, 0)
 }
 
+/// Lines with their byte offsets, and where the next read starts.
+pub type LinesFrom = (Vec<(u64, Vec<u8>)>, u64);
+
+/// Up to `max` complete lines from byte `start` (a line boundary), with their offsets, and the
+/// offset the next read starts at (after the last line returned; the read is complete when fewer
+/// than `max` lines came back). A missing file has none.
+pub fn read_lines_batch(path: &Path, start: u64, max: usize) -> std::io::Result<LinesFrom> {
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), start)),
+        Err(e) => return Err(e),
+    };
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    reader.seek(SeekFrom::Start(start))?;
+    let mut lines = Vec::new();
+    let mut offset = start;
+    while lines.len() < max {
+        let mut line = Vec::new();
+        let read = reader.read_until(b'\n', &mut line)?;
+        if read == 0 || line.last() != Some(&b'\n') {
+            break;
+        }
+        line.pop();
+        lines.push((offset, line));
+        offset += read as u64;
+    }
+    Ok((lines, offset))
+}
+
 /// The complete lines that start at or after byte `start` (a line boundary: where an earlier
 /// read ended), with their offsets.
 pub fn read_lines_from(path: &Path, start: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {

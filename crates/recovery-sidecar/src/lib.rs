@@ -14,7 +14,7 @@ pub mod paths;
 pub use atomic::{atomic_write, atomic_write_json};
 pub use journal::{
     append_line, append_line_at, append_lines_at, prepare_append, read_lines, read_lines_at,
-    read_lines_from,
+    read_lines_batch, read_lines_from,
 };
 pub use lock::{LockError, RunLock};
 pub use paths::{Confinement, PathError, SidecarPaths};

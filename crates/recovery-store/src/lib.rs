@@ -168,43 +168,107 @@ async fn insert_resume_events(tx: &mut Tx<'_>, events: &[&ResumeEvent]) -> Resul
     Ok(())
 }
 
-/// Inserts drift events (a few dozen: SQLite looks each `$N` up by name, so a statement's cost
-/// grows with the square of its parameters) and their keys in `tx`; returns how many were new.
-async fn insert_drift_chunk(tx: &mut Tx<'_>, events: &[&DriftEvent]) -> Result<usize, StoreError> {
-    let sql = format!(
-        "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
-         VALUES {} ON CONFLICT (event_id) DO NOTHING RETURNING event_id",
-        placeholders(events.len(), 6)
-    );
-    let mut query = sqlx::query_scalar::<_, String>(&sql);
-    for event in events {
-        query = query
-            .bind(&event.event_id)
-            .bind(&event.run_id)
-            .bind(&event.at)
-            .bind(&event.saved_config_digest)
-            .bind(&event.current_config_digest)
-            .bind(to_json(&event.operational_keys));
+/// Inserts drift events and their keys in `tx`; returns how many were new. SQLite takes
+/// multi-row statements with positional `?` parameters (it looks a `$N` up by name, which made
+/// large statements quadratic, and unpacking JSON in SQL cost more than binding); PostgreSQL
+/// takes the rows as one JSON array parameter it unpacks (`json_array_elements`), two statements
+/// whatever their number.
+async fn insert_drift_chunk(
+    tx: &mut Tx<'_>,
+    backend: Backend,
+    events: &[&DriftEvent],
+) -> Result<usize, StoreError> {
+    match backend {
+        Backend::Sqlite => insert_drift_sqlite(tx, events).await,
+        Backend::Postgres => insert_drift_postgres(tx, events).await,
     }
-    let new_ids: std::collections::HashSet<String> =
-        query.fetch_all(&mut **tx).await?.into_iter().collect();
-    let keys: Vec<(&DriftEvent, &String)> = events
-        .iter()
-        .filter(|e| new_ids.contains(&e.event_id))
-        .flat_map(|e| e.operational_keys.iter().map(move |k| (*e, k)))
-        .collect();
-    for rows in keys.chunks(50) {
+}
+
+/// `(?, ?, ...), (?, ...)`: `rows` tuples of `columns` positional parameters.
+fn positional(rows: usize, columns: usize) -> String {
+    let tuple = format!("({})", vec!["?"; columns].join(", "));
+    vec![tuple; rows].join(", ")
+}
+
+async fn insert_drift_sqlite(tx: &mut Tx<'_>, events: &[&DriftEvent]) -> Result<usize, StoreError> {
+    let mut inserted = 0;
+    for rows in events.chunks(1000) {
         let sql = format!(
-            "INSERT INTO drift_event_keys (event_id, key, at) VALUES {} ON CONFLICT (event_id, key) DO NOTHING",
-            placeholders(rows.len(), 3)
+            "INSERT INTO drift_events (at, event_id, run_id, saved_config_digest, current_config_digest, operational_keys) \
+             VALUES {} ON CONFLICT (at, event_id) DO NOTHING",
+            positional(rows.len(), 6)
         );
         let mut query = sqlx::query(&sql);
-        for (event, key) in rows {
-            query = query.bind(&event.event_id).bind(*key).bind(&event.at);
+        for event in rows {
+            query = query
+                .bind(&event.at)
+                .bind(&event.event_id)
+                .bind(&event.run_id)
+                .bind(&event.saved_config_digest)
+                .bind(&event.current_config_digest)
+                .bind(to_json(&event.operational_keys));
+        }
+        inserted += query.execute(&mut **tx).await?.rows_affected() as usize;
+    }
+    // Keys of events already known are known too (ids derive from the lines): no-ops.
+    let keys: Vec<(&String, &String, &String)> = events
+        .iter()
+        .flat_map(|e| {
+            e.operational_keys
+                .iter()
+                .map(move |k| (k, &e.at, &e.event_id))
+        })
+        .collect();
+    for rows in keys.chunks(2000) {
+        let sql = format!(
+            "INSERT INTO drift_event_keys (key, at, event_id) VALUES {} ON CONFLICT (key, at, event_id) DO NOTHING",
+            positional(rows.len(), 3)
+        );
+        let mut query = sqlx::query(&sql);
+        for (key, at, id) in rows {
+            query = query.bind(*key).bind(*at).bind(*id);
         }
         query.execute(&mut **tx).await?;
     }
-    Ok(new_ids.len())
+    Ok(inserted)
+}
+
+async fn insert_drift_postgres(
+    tx: &mut Tx<'_>,
+    events: &[&DriftEvent],
+) -> Result<usize, StoreError> {
+    let rows: Vec<(&str, &str, &str, &str, &str, String)> = events
+        .iter()
+        .map(|e| {
+            (
+                e.event_id.as_str(),
+                e.run_id.as_str(),
+                e.at.as_str(),
+                e.saved_config_digest.as_str(),
+                e.current_config_digest.as_str(),
+                to_json(&e.operational_keys),
+            )
+        })
+        .collect();
+    let rows = serde_json::to_string(&rows)?;
+    let inserted = sqlx::query(
+        "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
+         SELECT x ->> 0, x ->> 1, x ->> 2, x ->> 3, x ->> 4, x ->> 5 FROM json_array_elements($1::json) AS x \
+         ON CONFLICT (at, event_id) DO NOTHING",
+    )
+    .bind(&rows)
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query(
+        "INSERT INTO drift_event_keys (key, at, event_id) \
+         SELECT k, x ->> 2, x ->> 0 FROM json_array_elements($1::json) AS x, json_array_elements_text((x ->> 5)::json) AS k \
+         ON CONFLICT (key, at, event_id) DO NOTHING",
+    )
+    .bind(&rows)
+    .execute(&mut **tx)
+    .await?;
+    Ok(inserted as usize)
 }
 
 fn to_json(list: &[String]) -> String {
@@ -579,8 +643,8 @@ impl Store {
         for chunk in resumes.chunks(20) {
             insert_resume_events(&mut tx, chunk).await?;
         }
-        for chunk in drifts.chunks(25) {
-            insert_drift_chunk(&mut tx, chunk).await?;
+        if !drifts.is_empty() {
+            insert_drift_chunk(&mut tx, self.backend, &drifts).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -643,9 +707,7 @@ impl Store {
         for batch in events.chunks(20_000) {
             let mut tx = self.pool.begin().await?;
             let rows: Vec<&DriftEvent> = batch.iter().collect();
-            for chunk in rows.chunks(25) {
-                inserted += insert_drift_chunk(&mut tx, chunk).await?;
-            }
+            inserted += insert_drift_chunk(&mut tx, self.backend, &rows).await?;
             tx.commit().await?;
         }
         Ok(inserted)
@@ -667,7 +729,7 @@ impl Store {
                 (
                     format!(
                         "SELECT d.event_id, d.run_id, d.at, d.saved_config_digest, d.current_config_digest, d.operational_keys \
-                         FROM drift_event_keys k JOIN drift_events d ON d.event_id = k.event_id WHERE k.key = {p}"
+                         FROM drift_event_keys k JOIN drift_events d ON d.at = k.at AND d.event_id = k.event_id WHERE k.key = {p}"
                     ),
                     "k",
                 )

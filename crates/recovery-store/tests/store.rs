@@ -635,3 +635,92 @@ async fn an_unsupported_url_is_a_clear_error() {
         "the password is never echoed: {error}"
     );
 }
+
+/// Applies the migrations of `backend` before `first_new` (by file name) to `url`, as an older
+/// release left its database.
+async fn migrate_as_release_before(url: &str, backend: &str, first_new: &str) {
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../../migrations/{backend}"));
+    let older = tempfile::tempdir().expect("dir");
+    for entry in std::fs::read_dir(&all).expect("migrations") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        if name.as_str() < first_new {
+            std::fs::copy(&path, older.path().join(&name)).expect("copy");
+        }
+    }
+    sqlx::any::install_default_drivers();
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    sqlx::migrate::Migrator::new(older.path())
+        .await
+        .expect("migrator")
+        .run(&pool)
+        .await
+        .expect("older migrations");
+    let inserts = [
+        "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
+         VALUES ('e1', 'r1', '2026-11-29T10:00:01.000000Z', 'c', 'd', '[\"servers.a.port\"]')",
+        "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
+         VALUES ('e2', 'r2', '2026-11-29T10:00:02.000000Z', 'c', 'd', '[\"servers.a.port\",\"x.timeout\"]')",
+        "INSERT INTO drift_event_keys (event_id, key, at) VALUES ('e1', 'servers.a.port', '2026-11-29T10:00:01.000000Z')",
+        "INSERT INTO drift_event_keys (event_id, key, at) VALUES ('e2', 'servers.a.port', '2026-11-29T10:00:02.000000Z')",
+        "INSERT INTO drift_event_keys (event_id, key, at) VALUES ('e2', 'x.timeout', '2026-11-29T10:00:02.000000Z')",
+    ];
+    for insert in inserts {
+        sqlx::query(insert)
+            .execute(&pool)
+            .await
+            .expect("older rows");
+    }
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn drift_rows_of_an_older_release_survive_the_time_ordered_tables() {
+    let dir = tempfile::tempdir().expect("dir");
+    let sqlite_url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+    let database = PostgresDatabase::create().await;
+    for (url, backend) in [
+        (sqlite_url.as_str(), "sqlite"),
+        (database.url.as_str(), "postgres"),
+    ] {
+        migrate_as_release_before(url, backend, "0005").await;
+        let store = Store::connect(url)
+            .await
+            .expect("the newer release opens it");
+        let ids =
+            |events: Vec<DriftEvent>| events.into_iter().map(|e| e.event_id).collect::<Vec<_>>();
+        let all = DriftFilter {
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&all).await.expect("all")),
+            ["e1", "e2"],
+            "{backend}"
+        );
+        let keyed = DriftFilter {
+            key: Some("x.timeout".into()),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(
+            ids(store.query_drift(&keyed).await.expect("key")),
+            ["e2"],
+            "{backend}"
+        );
+        // The old rows still refuse duplicates: replaying them inserts nothing.
+        let replay = store.query_drift(&all).await.expect("all");
+        assert_eq!(
+            store.insert_drift_events(&replay).await.expect("replay"),
+            0,
+            "{backend}"
+        );
+        store.close().await;
+    }
+    database.drop_database().await;
+}

@@ -33,7 +33,7 @@
 //! Settings (environment): `LOAD_SECS` (10) seconds of load per row; `LOAD_CONNS` (64) concurrent
 //! keep-alive connections; `LOAD_TIMEOUT_SECS` (30) bound of one load request (a timeout is an
 //! error); `LOAD_SETUP_TIMEOUT_SECS` (600) bound of one set-up call (create, reserve, reindex, the
-//! single plan timings); `LOAD_DRIFT_EVENTS` (100000); `LOAD_PLAN_CONNS` (`LOAD_CONNS`, at most 4:
+//! single plan timings); `LOAD_DRIFT_EVENTS` (1000000); `LOAD_PLAN_CONNS` (`LOAD_CONNS`, at most 4:
 //! each concurrent 100k-rollout plan holds hundreds of MB); `LOAD_RSS_LIMIT_MB` (4096): a load
 //! stops issuing requests once the service's RSS passes it; `LOAD_DIR` (the system temp dir):
 //! where data directories and datasets are made, i.e. the disk measured. Every request is bounded
@@ -151,7 +151,7 @@ impl Settings {
             setup_timeout: Duration::from_secs_f64(
                 var("LOAD_SETUP_TIMEOUT_SECS", 600.0f64).max(1.0),
             ),
-            drift_events: var("LOAD_DRIFT_EVENTS", 100_000usize),
+            drift_events: var("LOAD_DRIFT_EVENTS", 1_000_000usize),
             rss_limit_kb: var("LOAD_RSS_LIMIT_MB", 4096u64) * 1024,
             base: std::env::var_os("LOAD_DIR").map_or_else(std::env::temp_dir, PathBuf::from),
         }
@@ -1410,6 +1410,72 @@ async fn drift_query(settings: &Settings, dir: &Path, report: &mut Report) -> Be
         Some(c) => format!("/drift?limit=100&cursor={}", encode(c)),
         None => "/drift?limit=100".to_owned(),
     };
+    // One client, one call at a time: what a query costs when the index drives it, on the
+    // first page and deep in the history, for every filter (the concurrent rows below measure
+    // throughput, where 64 connections on these cores queue behind each other).
+    let middle = at_text((total / 2) as u64);
+    let sequential = [
+        ("first page, no filter", "/drift?limit=100".to_owned()),
+        ("deep page, no filter", deep.clone()),
+        (
+            "first page, rare key",
+            format!("/drift?key={}&limit=100", encode(RARE_KEY)),
+        ),
+        (
+            "deep page, rare key",
+            format!(
+                "/drift?key={}&limit=100&from={}",
+                encode(RARE_KEY),
+                encode(&middle)
+            ),
+        ),
+        (
+            "first page, run",
+            format!("/drift?run_id={}&limit=100", runs[0].0),
+        ),
+        (
+            "deep page, run",
+            format!(
+                "/drift?run_id={}&limit=100&from={}",
+                runs[0].0,
+                encode(&middle)
+            ),
+        ),
+        (
+            "time range",
+            format!(
+                "/drift?limit=100&from={}&to={}",
+                encode(&middle),
+                encode(&at_text((total / 2 + 500) as u64))
+            ),
+        ),
+    ];
+    let one = client();
+    for (label, path) in sequential {
+        let mut times = Vec::with_capacity(200);
+        let mut events = 0;
+        for _ in 0..200 {
+            let (page, took) = call_json(
+                &one,
+                &service.url,
+                reqwest::Method::GET,
+                &path,
+                VIEWER,
+                None,
+                200,
+                settings.setup_timeout,
+            )
+            .await?;
+            events = page["events"].as_array().map_or(0, Vec::len);
+            times.push(took);
+        }
+        times.sort();
+        report.note(format!(
+            "{name} one client, {label}: {events} events, p50 {:.2} ms, p99 {:.2} ms over 200 calls",
+            times[100].as_secs_f64() * 1e3,
+            times[197].as_secs_f64() * 1e3
+        ));
+    }
     let queries = [
         (
             "drift-query key",

@@ -1,7 +1,7 @@
 //! Read models for dashboards and tools: drift history, classification, the resume plan.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiJsonBytes, ApiQuery, ApiResult};
+use crate::error::{ApiError, ApiErrorBody, ApiJsonBytes, ApiQuery, ApiResult, SerializedJson};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
@@ -149,8 +149,9 @@ struct RawClassifyRequest<'a> {
     policy: Option<&'a serde_json::value::RawValue>,
 }
 
-/// Classifies a raw batch on this thread and the machine's other cores, in row order.
-fn classify_batch(body: &[u8]) -> ApiResult<Vec<RowDecision>> {
+/// Classifies a raw batch on this thread and the machine's other cores, in row order; stops
+/// early once its caller is gone.
+fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<RowDecision>> {
     let request: RawClassifyRequest =
         serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
     let policy = match request.policy {
@@ -162,13 +163,18 @@ fn classify_batch(body: &[u8]) -> ApiResult<Vec<RowDecision>> {
     let classify = |offset: usize, rows: &[&serde_json::value::RawValue]| {
         rows.iter()
             .enumerate()
-            .map(|(i, raw)| match RowFacts::from_line(raw.get().as_bytes()) {
-                Ok(Some(facts)) => Ok(classify_facts(&facts, &policy, timeouts)),
-                Ok(None) => Err(ApiError::invalid(format!(
-                    "rows[{}]: must be a JSON object",
-                    offset + i
-                ))),
-                Err(e) => Err(ApiError::invalid(format!("rows[{}]: {e}", offset + i))),
+            .map(|(i, raw)| {
+                if i % 1024 == 0 && cancel.is_cancelled() {
+                    return Err(ApiError::internal("classifying", "the caller went away"));
+                }
+                match RowFacts::from_line(raw.get().as_bytes()) {
+                    Ok(Some(facts)) => Ok(classify_facts(&facts, &policy, timeouts)),
+                    Ok(None) => Err(ApiError::invalid(format!(
+                        "rows[{}]: must be a JSON object",
+                        offset + i
+                    ))),
+                    Err(e) => Err(ApiError::invalid(format!("rows[{}]: {e}", offset + i))),
+                }
             })
             .collect::<ApiResult<Vec<RowDecision>>>()
     };
@@ -200,10 +206,15 @@ pub async fn classify(
     State(state): State<AppState>,
     caller: Caller,
     ApiJsonBytes(body): ApiJsonBytes,
-) -> ApiResult<Json<ClassifyResponse>> {
+) -> ApiResult<SerializedJson> {
     caller.require(Role::Viewer)?;
-    let decisions = state.heavy.run(move || classify_batch(&body)).await?;
-    Ok(Json(ClassifyResponse { decisions }))
+    state
+        .heavy
+        .run(move |cancel| {
+            let decisions = classify_batch(&body, cancel)?;
+            SerializedJson::of(&ClassifyResponse { decisions })
+        })
+        .await
 }
 
 /// Which rollouts of a plan to list.
@@ -254,7 +265,7 @@ pub async fn plan(
     Path(run_id): Path<String>,
     caller: Caller,
     ApiQuery(params): ApiQuery<PlanParams>,
-) -> ApiResult<Json<PlanResponse>> {
+) -> ApiResult<SerializedJson> {
     caller.require(Role::Viewer)?;
     let limit = match params.limit {
         None => 1000,
@@ -272,10 +283,11 @@ pub async fn plan(
     let cap = state.config.default_max_attempts;
     let caches = state.registry.caches().clone();
     let filter = params.state;
-    let response = state
+    state
         .plans
-        .run(move || {
-            Ok(caches.plans.with_plan(&paths, cap, |plan| {
+        // A build that started finishes: it fills the run's index for the next caller.
+        .run(move |_| {
+            let response = caches.plans.with_plan(&paths, cap, |plan| {
                 let view = plan.view();
                 let summary = view.summary();
                 let (positions, more) = summary.positions(filter, after, limit);
@@ -292,8 +304,8 @@ pub async fn plan(
                     budget_message: summary.budget_message,
                     warnings: summary.warnings,
                 }
-            })?)
+            })?;
+            SerializedJson::of(&response)
         })
-        .await?;
-    Ok(Json(response))
+        .await
 }

@@ -820,8 +820,29 @@ async fn a_pre_0_5_manifest_keeps_its_form_when_the_service_reserves_on_it() {
 async fn heavy_work_beyond_its_queue_is_answered_503_with_retry_after() {
     let app = TestApp::new().await;
     let mut state = app.state.clone();
-    // No room to wait: every classify finds the queue full.
-    state.heavy = Arc::new(recovery_server::state::HeavyWork::new(1, 0));
+    // One heavy-work thread and room for one waiting job: while one job holds the thread and
+    // another waits, a classify finds nowhere to go.
+    state.heavy = Arc::new(recovery_server::state::HeavyWork::new("heavy-test", 1, 1));
+    let (started, started_rx) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let heavy = state.heavy.clone();
+    let holder = tokio::spawn(async move {
+        heavy
+            .run(move |_| {
+                let _ = started.send(());
+                let _ = release_rx.recv();
+                Ok(())
+            })
+            .await
+    });
+    tokio::task::spawn_blocking(move || started_rx.recv())
+        .await
+        .expect("join")
+        .expect("the holding job started");
+    // The waiting job: queued, its caller gone (it takes the one place until it is dequeued).
+    let waiting =
+        tokio::time::timeout(std::time::Duration::ZERO, state.heavy.run(|_| Ok(()))).await;
+    assert!(waiting.is_err(), "the waiting job is queued, not run");
     let request = Request::builder()
         .method(Method::POST)
         .uri("/classify")
@@ -846,6 +867,8 @@ async fn heavy_work_beyond_its_queue_is_answered_503_with_retry_after() {
         .expect("body");
     let body: Value = serde_json::from_slice(&body).expect("json");
     assert_eq!(body["code"], "overloaded");
+    release.send(()).expect("release");
+    holder.await.expect("join").expect("the holding job ends");
     let served = app
         .call(
             Method::POST,
@@ -1355,4 +1378,43 @@ async fn rows_sent_to_validate_are_digested_from_their_text_as_the_file_is() {
         "{}",
         wrong_type.body
     );
+}
+
+#[tokio::test]
+async fn heavy_work_whose_caller_went_away_never_starts() {
+    let heavy = Arc::new(recovery_server::state::HeavyWork::new("cancel-test", 1, 4));
+    let (started, started_rx) = std::sync::mpsc::channel::<()>();
+    let (release, release_rx) = std::sync::mpsc::channel::<()>();
+    let holding = heavy.clone();
+    let holder = tokio::spawn(async move {
+        holding
+            .run(move |_| {
+                let _ = started.send(());
+                let _ = release_rx.recv();
+                Ok(())
+            })
+            .await
+    });
+    tokio::task::spawn_blocking(move || started_rx.recv())
+        .await
+        .expect("join")
+        .expect("the holding job started");
+    // Queued behind the holder, then its caller goes away (a timeout polls it once, so the
+    // job is queued, and drops it).
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    let abandoned = tokio::time::timeout(
+        std::time::Duration::ZERO,
+        heavy.run(move |_| {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        }),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the caller gave up before the job ran");
+    release.send(()).expect("release");
+    holder.await.expect("join").expect("the holding job ends");
+    // Jobs run in order: once a later one has run, the abandoned one was skipped.
+    heavy.run(|_| Ok(())).await.expect("a later job runs");
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
 }
