@@ -33,8 +33,36 @@ fn collect_differences(saved: &Value, current: &Value, prefix: &str, out: &mut V
                 }
             }
         }
-        _ if python_equal(saved, current) => {}
+        _ if canonical_equal(saved, current) => {}
         _ => out.push(prefix.to_owned()),
+    }
+}
+
+/// Whether two values have one canonical JSON form (what the digest reads, decisions §5): `1`
+/// and `1.0` differ, so do `true` and `1`, and a changed digest always names a key.
+pub fn canonical_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Null, Value::Null) => true,
+        (Value::Bool(x), Value::Bool(y)) => x == y,
+        (Value::String(x), Value::String(y)) => x == y,
+        (Value::Number(_), Value::Number(_)) => {
+            match (
+                crate::canonical::canonical_value(a),
+                crate::canonical::canonical_value(b),
+            ) {
+                (Ok(x), Ok(y)) => x == y,
+                _ => false,
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| canonical_equal(p, q))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| canonical_equal(v, w)))
+        }
+        _ => false,
     }
 }
 
@@ -102,6 +130,10 @@ pub enum SemanticReason {
     ListedKey(String),
     /// A segment names a prompt / template / rubric asset path.
     AssetPath(String),
+    /// The last segment names a path of what a run reads (`model_path`, `data_dir`, ...).
+    ReadPath(String),
+    /// An operator declared the whole key semantic (service configuration).
+    DeclaredKey(String),
     /// A segment contains a semantic part (`judge`, `model`, ...).
     SemanticPart(String),
     /// No rule classifies the key: an unknown change refuses.
@@ -114,6 +146,8 @@ impl SemanticReason {
         match self {
             Self::ListedKey(segment) => ("listed_key", Some(segment)),
             Self::AssetPath(segment) => ("asset_path", Some(segment)),
+            Self::ReadPath(segment) => ("read_path", Some(segment)),
+            Self::DeclaredKey(key) => ("declared_key", Some(key)),
             Self::SemanticPart(segment) => ("semantic_part", Some(segment)),
             Self::Unclassified => ("unclassified", None),
         }
@@ -173,6 +207,29 @@ pub const SEMANTIC_SUBSTRING: &str = "dataset";
 /// A segment naming a prompt / template / rubric asset path is semantic (step 1).
 pub const SEMANTIC_ASSET_PATH: &str =
     r"(^|_)(prompt|prompts|template|templates|rubric|rubrics)_(.+_)?(dir|path|paths|file|files)$";
+/// The last word of a last segment (split on `_`) that names a path (step 1, with
+/// [`READ_PATH_WORDS`]).
+pub const PATH_WORDS: &[&str] = &["path", "paths", "dir", "dirs", "file", "files"];
+/// An earlier word of a path-naming last segment that makes it name what a run reads (step 1):
+/// `model_path`, `tokenizer_dir`, `data_dir`, `reference_files` are semantic; `log_dir`,
+/// `cache_dir`, `output_dir` are not.
+pub const READ_PATH_WORDS: &[&str] = &[
+    "model",
+    "models",
+    "tokenizer",
+    "weights",
+    "checkpoint",
+    "adapter",
+    "lora",
+    "data",
+    "reference",
+    "references",
+    "eval",
+    "gold",
+    "answers",
+    "judge",
+    "verifier",
+];
 /// Words of a last segment (split on `_`) that make a key operational (step 2).
 pub const OPERATIONAL_WORDS: &[&str] = &[
     "timeout",
@@ -230,15 +287,29 @@ pub const SEMANTIC_PARTS: &[&str] = &[
     "judge", "grad", "verif", "reward", "scor", "rubric", "metric", "prompt", "model",
 ];
 
+/// Whether a last segment names a path of what a run reads: its last `_`-word is a path word and
+/// an earlier word a read word (decisions §5, step 1).
+fn names_a_read_path(segment: &str) -> bool {
+    let words: Vec<&str> = segment.split('_').collect();
+    match words.split_last() {
+        Some((last, earlier)) => {
+            PATH_WORDS.contains(last) && earlier.iter().any(|w| READ_PATH_WORDS.contains(w))
+        }
+        None => false,
+    }
+}
+
 /// The drift classifier's policy. Operators extend it in service configuration, never in a run's
 /// identity.
 #[derive(Debug, Clone)]
 pub struct DriftPolicy {
+    /// Whole dotted keys an operator declared semantic (step 0).
+    declared_semantic: BTreeSet<String>,
     semantic_keys: BTreeSet<String>,
     asset_path: Regex,
     operational_words: BTreeSet<String>,
     operational_last_segments: BTreeSet<String>,
-    /// Whole dotted keys an operator declared operational (checked at step 2).
+    /// Whole dotted keys an operator declared operational (step 0).
     operational_keys: BTreeSet<String>,
     semantic_parts: Vec<String>,
 }
@@ -246,6 +317,7 @@ pub struct DriftPolicy {
 impl Default for DriftPolicy {
     fn default() -> Self {
         Self {
+            declared_semantic: BTreeSet::new(),
             semantic_keys: SEMANTIC_KEYS.iter().map(|s| (*s).to_owned()).collect(),
             asset_path: Regex::new(SEMANTIC_ASSET_PATH).expect("static regex"),
             operational_words: OPERATIONAL_WORDS.iter().map(|s| (*s).to_owned()).collect(),
@@ -260,15 +332,22 @@ impl Default for DriftPolicy {
 }
 
 impl DriftPolicy {
-    /// The default policy extended by an operator: extra semantic segments, extra operational
-    /// words, and whole dotted keys declared operational.
+    /// The default policy extended by an operator: extra semantic keys (a dotted key declares
+    /// that whole key semantic, step 0; a plain name is a semantic segment, step 1), extra
+    /// operational words, and whole dotted keys declared operational (step 0).
     pub fn extended(
         semantic_keys: impl IntoIterator<Item = String>,
         operational_words: impl IntoIterator<Item = String>,
         operational_keys: impl IntoIterator<Item = String>,
     ) -> Self {
         let mut policy = Self::default();
-        policy.semantic_keys.extend(semantic_keys);
+        for key in semantic_keys {
+            if key.contains('.') {
+                policy.declared_semantic.insert(key);
+            } else {
+                policy.semantic_keys.insert(key);
+            }
+        }
         policy.operational_words.extend(operational_words);
         policy.operational_keys.extend(operational_keys);
         policy
@@ -276,6 +355,13 @@ impl DriftPolicy {
 
     /// Classifies one dotted key (decisions §5, in order).
     pub fn classify(&self, key: &str) -> KeyClass {
+        // Step 0: a whole key an operator declared takes that class.
+        if self.declared_semantic.contains(key) {
+            return KeyClass::Semantic(SemanticReason::DeclaredKey(key.to_owned()));
+        }
+        if self.operational_keys.contains(key) {
+            return KeyClass::Operational;
+        }
         let segments: Vec<&str> = key.split('.').collect();
         for segment in &segments {
             if self.semantic_keys.contains(*segment) || segment.contains(SEMANTIC_SUBSTRING) {
@@ -286,8 +372,10 @@ impl DriftPolicy {
             }
         }
         let last = segments.last().copied().unwrap_or_default();
-        if self.operational_keys.contains(key)
-            || self.operational_last_segments.contains(last)
+        if names_a_read_path(last) {
+            return KeyClass::Semantic(SemanticReason::ReadPath(last.to_owned()));
+        }
+        if self.operational_last_segments.contains(last)
             || last
                 .split('_')
                 .any(|word| self.operational_words.contains(word))

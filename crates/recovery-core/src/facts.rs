@@ -232,6 +232,8 @@ pub struct RowFacts {
     pub selected_failure_id: Json,
     pub omitted: Json,
     pub omitted_rollout: Json,
+    /// `_ng_unrouted_run_error`: a failed agent run that ended the run, kept as evidence.
+    pub unrouted_run_error: Json,
     pub recorded_grade: Json,
     pub rejudge: Json,
     pub failure_kind: Json,
@@ -389,6 +391,7 @@ impl<'de> MapFacts<'de> for RowFacts {
             "_ng_selected_failure_id" => self.selected_failure_id = json(map)?,
             "_ng_omitted" => self.omitted = json(map)?,
             "_ng_omitted_rollout" => self.omitted_rollout = json(map)?,
+            "_ng_unrouted_run_error" => self.unrouted_run_error = json(map)?,
             "_ng_recorded_grade" => self.recorded_grade = json(map)?,
             "_ng_rejudge" => self.rejudge = json(map)?,
             "failure_kind" => self.failure_kind = json(map)?,

@@ -191,6 +191,32 @@ fn is_python_blank(line: &[u8], valid_utf8: bool) -> Result<bool, CanonicalError
 }
 
 /// Python's `str.isspace()` for one character.
+/// The lines of `text` as Python's text mode splits them (`\n`, `\r\n` and `\r` end a line),
+/// without their ends; a final line without an end is a line too.
+pub fn universal_lines(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let (line, next) = match memchr::memchr2(b'\n', b'\r', rest) {
+            Some(i) if rest[i] == b'\r' && rest.get(i + 1) == Some(&b'\n') => {
+                (&rest[..i], &rest[i + 2..])
+            }
+            Some(i) => (&rest[..i], &rest[i + 1..]),
+            None => (rest, &rest[rest.len()..]),
+        };
+        rest = next;
+        Some(line)
+    })
+}
+
+/// Whether a line is blank as Python's `str.strip()` sees it (`\x0b`, `\x1c`, `\xa0`, U+2003
+/// and the other Unicode spaces included); a line that is not UTF-8 is not blank.
+pub fn is_blank_line(line: &[u8]) -> bool {
+    is_python_blank(line, false).unwrap_or(false)
+}
+
 pub fn is_python_space(c: char) -> bool {
     matches!(
         c,

@@ -208,6 +208,69 @@ pub fn scan_jsonl<E: std::error::Error + 'static>(
     }
 }
 
+/// Streams the rows of a materialized-inputs file as the collector reads it (Python's text mode:
+/// `\n`, `\r\n` and `\r` end a line; a line `str.strip()` leaves empty is blank, `\x0b` and
+/// `\xa0` included), the rules of the materialized digest: every other line must be a JSON
+/// object, the last one included. `handle` gets each row and its 1-based line number.
+pub fn scan_materialized<E: std::error::Error + 'static>(
+    reader: impl Read,
+    path: &str,
+    mut handle: impl FnMut(u64, Value) -> Result<(), E>,
+) -> Result<u64, JsonlError<E>> {
+    let mut reader = BufReader::with_capacity(1 << 20, reader);
+    let mut segment = Vec::new();
+    let mut line_number = 0u64;
+    let mut rows = 0u64;
+    loop {
+        segment.clear();
+        let read = reader
+            .read_until(b'\n', &mut segment)
+            .map_err(|source| JsonlError::Io {
+                path: path.to_owned(),
+                source,
+            })?;
+        if read == 0 {
+            return Ok(rows);
+        }
+        // One `\n`-ended segment may hold several `\r`-ended lines.
+        for line in crate::materialized::universal_lines(&segment) {
+            line_number += 1;
+            if crate::materialized::is_blank_line(line) {
+                continue;
+            }
+            match parse_line(line) {
+                Ok(value @ Value::Object(_)) => {
+                    rows += 1;
+                    handle(line_number, value).map_err(JsonlError::Handler)?;
+                }
+                Ok(_) => {
+                    return Err(JsonlError::NotAnObject {
+                        path: path.to_owned(),
+                        line: line_number,
+                    });
+                }
+                Err(message) => {
+                    return Err(JsonlError::Malformed {
+                        path: path.to_owned(),
+                        line: line_number,
+                        message,
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Every row of a materialized-inputs file ([`scan_materialized`]'s rules), in memory.
+pub fn read_materialized(reader: impl Read, path: &str) -> Result<Vec<Value>, JsonlError> {
+    let mut rows = Vec::new();
+    scan_materialized::<std::convert::Infallible>(reader, path, |_, row| {
+        rows.push(row);
+        Ok(())
+    })?;
+    Ok(rows)
+}
+
 /// Reads every object record of a JSONL file into memory (small files: journals, inventories).
 pub fn read_jsonl(
     reader: impl Read,

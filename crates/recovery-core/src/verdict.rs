@@ -178,7 +178,14 @@ pub fn validate_resume(
             }
             if !current.config.matches_config(&manifest.config_digest) {
                 match configuration_drift(saved, manifest, current, policy) {
+                    // A changed digest always names a key (keys differ exactly as canonical
+                    // forms do); one that names none is compared by digest, never reused.
                     None => mismatches.push(Mismatch::ResolvedConfiguration),
+                    Some((semantic, operational))
+                        if semantic.is_empty() && operational.is_empty() =>
+                    {
+                        mismatches.push(Mismatch::ResolvedConfiguration)
+                    }
                     Some((semantic, operational)) => {
                         if !semantic.is_empty() {
                             mismatches.push(Mismatch::SemanticConfiguration(semantic));

@@ -15,6 +15,8 @@ mod identity;
 mod manifest;
 #[path = "core/materialized.rs"]
 mod materialized;
+#[path = "core/omegaconf.rs"]
+mod omegaconf;
 #[path = "core/plan.rs"]
 mod plan;
 #[path = "core/predicates.rs"]

@@ -67,7 +67,8 @@ fn main() {
             format!("{{\"_ng_task_index\":{t},\"_ng_rollout_index\":0,\"question\":\"{t}+1?\"}}\n")
         }),
     );
-    let mut manifest = RunManifest::create(RUN_ID, "s", "m", "c", Some(3));
+    let digest = recovery_runs::runfiles::digest_rows_file(&paths.materialized).expect("digest");
+    let mut manifest = RunManifest::create(RUN_ID, "s", digest, "c", Some(3));
     for t in 0..rollouts {
         manifest.next_attempt.insert(format!("{t}-0"), 3);
     }

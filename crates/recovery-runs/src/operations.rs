@@ -33,6 +33,10 @@ pub enum OpError {
     /// A request field is malformed; the message names it.
     #[error("{0}")]
     Invalid(String),
+    /// The source dataset named by the request cannot be read (a resume with `allow_unsafe`
+    /// goes on without a current identity).
+    #[error("{0}")]
+    SourceUnreadable(String),
     #[error("{0}")]
     NotFound(String),
     #[error("{message}")]
@@ -194,7 +198,7 @@ pub struct CreatedRun {
 
 fn file_sha256(path: &Path) -> Result<String, OpError> {
     let cannot = |e: std::io::Error| {
-        OpError::Invalid(format!("source_path: cannot read {}: {e}", path.display()))
+        OpError::SourceUnreadable(format!("source_path: cannot read {}: {e}", path.display()))
     };
     sha256_reader(std::fs::File::open(path).map_err(cannot)?).map_err(cannot)
 }
@@ -879,14 +883,19 @@ impl Registry {
         digest: &mut ResumeDigest,
     ) -> Result<Option<Resumed>, OpError> {
         let (paths, work) = (section.paths().clone(), request.clone());
-        let allow_unsafe = request.allow_unsafe;
         let caches = self.caches().clone();
+        let work_policy = policy.clone();
         // Everything already derived and cached: deciding costs a few `stat`s, less than the
         // trip to a blocking thread.
-        let (saved, current) = match current_run_cached(&caches, &paths, &work) {
+        let decided = match decide_resume_cached(&caches, &paths, &work, policy) {
             Some(decided) => decided?,
-            None => blocking(move || current_run(&caches, &paths, &work)).await?,
+            None => blocking(move || decide_resume(&caches, &paths, &work, &work_policy)).await?,
         };
+        let Decided {
+            saved,
+            current_digest,
+            verdict,
+        } = decided;
         // A missing or unreadable manifest is the verdict's to answer (a legacy import
         // included); another run's manifest is never validated against.
         if let SavedManifest::Read(manifest) = &saved.manifest
@@ -897,7 +906,7 @@ impl Registry {
             };
             self.check_not_superseded(run, run_id, manifest).await?;
         }
-        digest.0 = current.as_ref().map(|c| c.config.config_digest.clone());
+        digest.0 = current_digest;
         let config_digest = digest.0.clone().unwrap_or_default();
         let resumed = |outcome, manifest: Option<Value>| Resumed {
             outcome,
@@ -907,7 +916,7 @@ impl Registry {
             reasons: vec![],
             manifest,
         };
-        match validate_resume(&saved, current.as_ref(), allow_unsafe, policy) {
+        match verdict {
             ResumeVerdict::Reuse { manifest } => {
                 Ok(Some(resumed("reuse", Some(manifest.to_value()))))
             }
@@ -966,11 +975,42 @@ impl Registry {
                     ..resumed("overridden", Some(manifest.to_value()))
                 }))
             }
-            ResumeVerdict::ImportLegacy { message } => Ok(Some(Resumed {
-                message: Some(message),
-                ..resumed("import_legacy", None)
-            })),
+            ResumeVerdict::ImportLegacy { message } => {
+                let Section::Exclusive(run) = section else {
+                    return Ok(None);
+                };
+                let manifest = self.import_legacy(run, run_id).await?;
+                tracing::warn!(
+                    run_id,
+                    "saved outcomes without a manifest imported as legacy"
+                );
+                Ok(Some(Resumed {
+                    message: Some(message),
+                    ..resumed("import_legacy", Some(manifest.to_value()))
+                }))
+            }
         }
+    }
+}
+
+impl Registry {
+    /// `RunManifest.import_legacy`: saved outcomes without a manifest, resumed with
+    /// `allow_unsafe`, get a legacy manifest (`legacy_import`, unverified digests, attempts
+    /// numbered from the saved outcomes) after the checks of facts §11.6: the materialized
+    /// inputs are there, and no saved outcome names a run (those lost their manifest; they are
+    /// restored, never imported as legacy).
+    async fn import_legacy(&self, run: &LockedRun, run_id: &str) -> Result<RunManifest, OpError> {
+        let (paths, id) = (run.paths().clone(), run_id.to_owned());
+        let manifest = blocking(move || Ok(crate::plans::legacy_manifest(&paths, &id)?)).await?;
+        self.write_manifest(run, &manifest, None).await?;
+        self.audit(
+            "system",
+            "run.import_legacy",
+            Some(run_id),
+            serde_json::json!({"next_attempt": manifest.next_attempt.len()}),
+        )
+        .await?;
+        Ok(manifest)
     }
 }
 
@@ -1090,18 +1130,80 @@ fn current_run(
             })?;
             Ok(Arc::new(identity))
         });
-    let current = match identity {
-        Ok(config) => Some(CurrentRun {
+    // Like the collector (facts §11.6): the current identity includes the source's digest; when
+    // it cannot be computed (a configuration error, a source file that is gone) the error
+    // propagates, unless `allow_unsafe`, which resumes over no current identity (overridden).
+    let current = identity.and_then(|config| {
+        Ok(CurrentRun {
             source_digest: caches.sources.get(&request.source, file_sha256)?,
             materialized_digest,
             config,
-        }),
-        // Like the collector: without allow_unsafe a configuration error propagates.
-        Err(OpError::Identity(e)) if !request.allow_unsafe => return Err(e.into()),
-        Err(OpError::Identity(_)) => None,
+        })
+    });
+    let current = match current {
+        Ok(current) => Some(current),
+        Err(e @ (OpError::Identity(_) | OpError::SourceUnreadable(_))) => {
+            if !request.allow_unsafe {
+                return Err(e);
+            }
+            None
+        }
         Err(other) => return Err(other),
     };
     Ok((saved, current))
+}
+
+/// A resume decided from a run's files (before anything is acted on).
+#[derive(Debug)]
+pub struct Decided {
+    pub saved: SavedRun,
+    /// The current configuration digest, when it could be computed.
+    pub current_digest: Option<String>,
+    pub verdict: ResumeVerdict,
+}
+
+/// Decides a resume from the run's files and the request (blocking): the load-time checks of
+/// the run's files, then `validate_resume` over the saved run and the current one. The one
+/// decision the service's validate and the offline `validate` command both make.
+pub fn decide_resume(
+    caches: &RunCaches,
+    paths: &SidecarPaths,
+    request: &ResumeRequest,
+    policy: &DriftPolicy,
+) -> Result<Decided, OpError> {
+    runfiles::check_run_files(paths)?;
+    let (saved, current) = current_run(caches, paths, request)?;
+    Ok(decided(saved, current, request, policy))
+}
+
+fn decided(
+    saved: SavedRun,
+    current: Option<CurrentRun>,
+    request: &ResumeRequest,
+    policy: &DriftPolicy,
+) -> Decided {
+    let verdict = validate_resume(&saved, current.as_ref(), request.allow_unsafe, policy);
+    Decided {
+        current_digest: current.map(|c| c.config.config_digest.clone()),
+        saved,
+        verdict,
+    }
+}
+
+/// [`decide_resume`] when everything it derives is cached (see [`current_run_cached`]).
+fn decide_resume_cached(
+    caches: &RunCaches,
+    paths: &SidecarPaths,
+    request: &ResumeRequest,
+    policy: &DriftPolicy,
+) -> Option<Result<Decided, OpError>> {
+    if let Err(e) = runfiles::check_run_files(paths) {
+        return Some(Err(e.into()));
+    }
+    Some(
+        current_run_cached(caches, paths, request)?
+            .map(|(saved, current)| decided(saved, current, request, policy)),
+    )
 }
 
 /// Manifests up to this size are read on the async worker by [`current_run_cached`].
@@ -1221,7 +1323,7 @@ fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFact
 }
 
 /// The companions a replacement moves aside (never deletes).
-fn movable(paths: &SidecarPaths) -> [&PathBuf; 11] {
+fn movable(paths: &SidecarPaths) -> [&PathBuf; 12] {
     [
         &paths.output,
         &paths.failures,
@@ -1233,6 +1335,7 @@ fn movable(paths: &SidecarPaths) -> [&PathBuf; 11] {
         &paths.attempt_extension,
         &paths.rerun_masked,
         &paths.resubmit_offset,
+        &paths.resubmit_results_offset,
         &paths.aggregate_metrics,
     ]
 }
@@ -1409,9 +1512,8 @@ fn prepare_rows(
     let name = paths.materialized.display().to_string();
     let file = std::fs::File::open(&paths.materialized)
         .map_err(|e| rows_invalid(format!("{name}: {e}")))?;
-    let (rows, _) =
-        recovery_core::rows::read_jsonl(file, &name).map_err(|e| rows_invalid(e.to_string()))?;
-    let values: Vec<Value> = rows.into_iter().map(|r| r.value).collect();
+    let values = recovery_core::rows::read_materialized(file, &name)
+        .map_err(|e| rows_invalid(e.to_string()))?;
     check_inventory(&values)?;
     let digest = runfiles::digest_rows_file(&paths.materialized).map_err(rows_invalid)?;
     Ok((None, digest, RowReferences::from_rows(&values)))

@@ -184,6 +184,8 @@ struct Indexed {
     marks: [Mark; 2],
     manifest: Arc<RunManifest>,
     reservations: Reservations,
+    /// The materialized inputs' digest (their content is what [`Self::inventory`] vouches for).
+    materialized_digest: String,
 }
 
 impl Indexed {
@@ -341,6 +343,7 @@ fn refresh<T>(
     counts: &Counts,
     work: impl FnOnce(&RunPlan<'_>) -> T,
 ) -> Result<T, RunFilesError> {
+    runfiles::check_run_files(paths)?;
     // Outcome files first: everything below these sizes had its attempt reserved in the
     // manifest read next.
     let measured = [
@@ -350,20 +353,25 @@ fn refresh<T>(
     let manifest = read_manifest(slot.manifest.take(), &paths.manifest)?;
     slot.manifest = Some(manifest.clone());
     let manifest = manifest.manifest;
+
     let policy_bytes = match std::fs::read(&paths.classification_policy) {
         Ok(bytes) => Some(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(io(&paths.classification_policy, e)),
     };
-    let (extension, offset, approvals) = runfiles::budget_inputs(paths)?;
-    let options = IndexOptions {
-        resubmit_offset: offset,
-    };
+    let runfiles::BudgetInputs {
+        extension,
+        options,
+        approvals,
+    } = runfiles::budget_inputs(paths)?;
     let reusable = slot.indexed.take().and_then(|mut indexed| {
         indexed
             .fits(paths, &manifest, (&options, &policy_bytes), &measured)
             .then_some(indexed)
     });
+    if let Some(indexed) = &reusable {
+        runfiles::check_materialized_digest(&manifest, &indexed.materialized_digest, paths)?;
+    }
     let indexed = match reusable.map(|indexed| catch_up(indexed, paths, &measured)) {
         Some(Ok(indexed)) => {
             counts.catch_ups.fetch_add(1, Ordering::Relaxed);
@@ -388,6 +396,69 @@ fn refresh<T>(
     let result = work(&plan);
     slot.indexed = Some(indexed);
     Ok(result)
+}
+
+/// The manifest `RunManifest.import_legacy` gives saved outcomes that have none (facts §11.6):
+/// `legacy_import`, unverified source and configuration digests, the saved rows' digest, and
+/// each rollout's next attempt after the saved outcomes, numbered as legacy rows are (arrival
+/// order per rollout, failures sidecar first). Refused without materialized inputs, and when a
+/// saved outcome names a run (`_ng_run_id`): those outcomes lost their manifest, or belong to
+/// different runs, and are never imported as legacy.
+pub fn legacy_manifest(paths: &SidecarPaths, run_id: &str) -> Result<RunManifest, RunFilesError> {
+    if !paths.materialized.is_file() {
+        return Err(RunFilesError::Inconsistent(format!(
+            "Cannot import saved outcomes without their materialized inputs ({} is missing)",
+            paths.materialized.display()
+        )));
+    }
+    let mut tagged = BTreeSet::new();
+    for path in [&paths.failures, &paths.output] {
+        let Ok(file) = File::open(path) else { continue };
+        recovery_core::rows::scan_jsonl::<std::convert::Infallible>(
+            file,
+            &path.display().to_string(),
+            |record| {
+                if let Some(id) = record.value.get(recovery_core::rows::RUN_ID_KEY) {
+                    tagged.insert(id.as_str().map_or_else(|| id.to_string(), str::to_owned));
+                }
+                Ok(())
+            },
+        )
+        .map_err(|e| RunFilesError::RowsInvalid(e.to_string()))?;
+    }
+    match tagged.len() {
+        0 => {}
+        1 => {
+            return Err(RunFilesError::Inconsistent(format!(
+                "Saved outcomes beside {} name run {} and lost their manifest: restore it rather than importing them as legacy",
+                paths.output.display(),
+                tagged.iter().next().map(String::as_str).unwrap_or_default()
+            )));
+        }
+        n => {
+            return Err(RunFilesError::Inconsistent(format!(
+                "Saved outcomes beside {} belong to {n} different runs: they cannot be imported as one",
+                paths.output.display()
+            )));
+        }
+    }
+    let digest = runfiles::digest_rows_file(&paths.materialized)
+        .map_err(RunFilesError::ManifestUnreadable)?;
+    let mut manifest = RunManifest::import_legacy(run_id, digest);
+    let measured = [Measured::of(&paths.failures)?, Measured::of(&paths.output)?];
+    let indexed = build(
+        paths,
+        &Arc::new(manifest.clone()),
+        None,
+        IndexOptions::default(),
+        &measured,
+    )?;
+    for (rollout, newest) in indexed.index.newest_attempts() {
+        manifest
+            .next_attempt
+            .insert(rollout.to_owned(), u64::try_from(newest).unwrap_or(0) + 1);
+    }
+    Ok(manifest)
 }
 
 fn read_manifest(cached: Option<ReadManifest>, path: &Path) -> Result<ReadManifest, RunFilesError> {
@@ -442,6 +513,14 @@ fn build(
     let unreadable = |e: &dyn std::fmt::Display| {
         RunFilesError::ManifestUnreadable(format!("{}: {e}", paths.materialized.display()))
     };
+    // The rows are the ones the manifest recorded, or nothing is planned over them.
+    let materialized_digest = runfiles::digest_rows_file(&paths.materialized).map_err(|e| {
+        RunFilesError::ManifestUnreadable(format!(
+            "Cannot read recovery manifest {} or materialized inputs: {e}",
+            paths.manifest.display()
+        ))
+    })?;
+    runfiles::check_materialized_digest(manifest, &materialized_digest, paths)?;
     let identity = FileIdentity::of(&paths.materialized).map_err(|e| unreadable(&e))?;
     let mut reader = Hashing {
         inner: File::open(&paths.materialized).map_err(|e| unreadable(&e))?,
@@ -469,6 +548,7 @@ fn build(
             marks: [Mark::default(), Mark::default()],
             manifest: manifest.clone(),
             reservations,
+            materialized_digest,
         },
         paths,
         measured,

@@ -410,7 +410,10 @@ impl Registry {
     }
 
     /// Resets the failure budget: records the failures sidecar's current line count (after
-    /// repairing a torn tail, which must not count) as the new offset.
+    /// repairing a torn tail, which must not count) as the new offset, and the results file's
+    /// complete lines beside it (`<stem>_resubmit_results_offset`), so masked infrastructure
+    /// results saved before the resubmit stop counting too. The sidecar offset is written last:
+    /// it is the record of the resubmit (its line number is the resubmit's id).
     pub async fn record_resubmit(
         &self,
         run: &LockedRun,
@@ -419,12 +422,20 @@ impl Registry {
     ) -> Result<Resubmit, RegistryError> {
         let paths = run.paths();
         let (failures, offsets) = (paths.failures.clone(), paths.resubmit_offset.clone());
+        let (results, results_offsets) =
+            (paths.output.clone(), paths.resubmit_results_offset.clone());
         let (offset, line_number) = blocking(move || {
             recovery_sidecar::prepare_append(&failures)
                 .map_err(io(format!("repairing {}", failures.display())))?;
             let count = read_lines(&failures)
                 .map_err(io(format!("reading {}", failures.display())))?
                 .len();
+            // Complete lines only: a torn tail is not a result yet.
+            let results_count = read_lines(&results)
+                .map_err(io(format!("reading {}", results.display())))?
+                .len();
+            append_line(&results_offsets, results_count.to_string().as_bytes())
+                .map_err(io(format!("appending to {}", results_offsets.display())))?;
             append_line(&offsets, count.to_string().as_bytes())
                 .map_err(io(format!("appending to {}", offsets.display())))?;
             let line_number = read_lines(&offsets)
@@ -1008,9 +1019,15 @@ pub fn output_for_manifest(manifest: &Path) -> PathBuf {
                     .file_name()
                     .map(|n| n.to_string_lossy().into_owned())
                     .unwrap_or_default();
-                file.strip_prefix(&stem).is_some_and(|rest| {
-                    rest.starts_with('.') && rest.matches('.').count() == 1 && !rest.contains('_')
-                })
+                // The output is the stem itself (no suffix: `a`, or `a.` whose stem keeps its
+                // dot) or the stem and one suffix.
+                path.is_file()
+                    && file.strip_prefix(&stem).is_some_and(|rest| {
+                        rest.is_empty()
+                            || (rest.starts_with('.')
+                                && rest.matches('.').count() == 1
+                                && !rest.contains('_'))
+                    })
             })
     });
     candidate.unwrap_or(default)

@@ -13,6 +13,11 @@ pub enum RunFilesError {
     /// Saved rows or journals cannot be planned (a malformed line, an inconsistent record).
     #[error("{0}")]
     RowsInvalid(String),
+    /// The run's files contradict its manifest (facts §11.2, §11.6): a companion it needs is
+    /// missing, the materialized inputs do not match it, or an older collector's draft journal
+    /// is beside it. Nothing is planned, reserved or resumed over such a run.
+    #[error("{0}")]
+    Inconsistent(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
@@ -26,7 +31,7 @@ use recovery_core::journals;
 use recovery_core::manifest::RunManifest;
 use recovery_core::materialized::materialized_digest;
 use recovery_core::plan::ResumePlan;
-use recovery_core::rows::scan_jsonl;
+use recovery_core::rows::scan_materialized;
 use recovery_core::verdict::{SavedManifest, SavedRun};
 use recovery_sidecar::SidecarPaths;
 use serde_json::Value;
@@ -36,6 +41,55 @@ use std::path::Path;
 
 fn threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The load-time checks of a run whose manifest exists (facts §11.2, §11.6, scenario 30): the
+/// output, the failures sidecar and the materialized inputs are all there (a run never falls
+/// back to a fresh start, nor resumes saved outcomes without their output), and no draft
+/// dispatch journal of an older collector (`<stem>_attempts.jsonl`) is beside them. Plans,
+/// reservations and validations make these checks before anything else.
+pub fn check_run_files(paths: &SidecarPaths) -> Result<(), RunFilesError> {
+    if !paths.manifest.exists() {
+        return Ok(());
+    }
+    let missing: Vec<String> = [&paths.output, &paths.failures, &paths.materialized]
+        .into_iter()
+        .filter(|p| !p.is_file())
+        .map(|p| p.display().to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(RunFilesError::Inconsistent(format!(
+            "Cannot resume: {} {} missing beside {} (a run with a manifest never starts fresh)",
+            missing.join(", "),
+            if missing.len() == 1 { "is" } else { "are" },
+            paths.manifest.display()
+        )));
+    }
+    if paths.draft_journal.exists() {
+        return Err(RunFilesError::Inconsistent(format!(
+            "Cannot resume: {} is the draft dispatch journal of an older collector (schema 1); \
+             this run's attempts cannot be known. Move it aside once its outcomes are accounted for.",
+            paths.draft_journal.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a plan or a reservation over materialized inputs that are not the ones the manifest
+/// recorded (validations refuse them as a mismatch, which `allow_unsafe` can override).
+pub fn check_materialized_digest(
+    manifest: &RunManifest,
+    digest: &str,
+    paths: &SidecarPaths,
+) -> Result<(), RunFilesError> {
+    if manifest.materialized_digest == digest {
+        return Ok(());
+    }
+    Err(RunFilesError::Inconsistent(format!(
+        "The materialized inputs {} do not match the run manifest (digest {digest}, recorded {})",
+        paths.materialized.display(),
+        manifest.materialized_digest
+    )))
 }
 
 /// The materialized digest of a JSONL file.
@@ -50,8 +104,10 @@ pub fn digest_rows_file(path: &Path) -> Result<String, String> {
 pub fn row_references(path: &Path) -> Result<RowReferences, String> {
     let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut references = RowReferences::default();
-    scan_jsonl::<std::convert::Infallible>(file, &path.display().to_string(), |record| {
-        references.add_row(&record.value);
+    // The collector's reading of its rows (text mode, Python-blank lines skipped): the server
+    // selection sees exactly the rows the digest was taken of.
+    scan_materialized::<std::convert::Infallible>(file, &path.display().to_string(), |_, row| {
+        references.add_row(&row);
         Ok(())
     })
     .map_err(|e| e.to_string())?;
@@ -98,11 +154,19 @@ pub fn classification_policy(paths: &SidecarPaths) -> Result<ClassificationPolic
     }
 }
 
-/// A run's budget journals: attempt extension, resubmit offset, approved masked reruns.
-pub type BudgetInputs = (u64, u64, BTreeSet<journals::ApprovalTriple>);
+/// A run's budget journals.
+#[derive(Debug, Clone, Default)]
+pub struct BudgetInputs {
+    /// Attempts added to every rollout's cap.
+    pub extension: u64,
+    /// Failures-sidecar and results-file line counts at the last resubmit.
+    pub options: recovery_core::plan::IndexOptions,
+    /// Approved masked reruns.
+    pub approvals: BTreeSet<journals::ApprovalTriple>,
+}
 
 /// Budget inputs of a run: the extension (an unreadable record stops, never guesses a cap), the
-/// resubmit offset and the approvals (unreadable lines approve nothing).
+/// resubmit offsets and the approvals (unreadable lines approve nothing).
 pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, RunFilesError> {
     let invalid = |e: journals::JournalError| RunFilesError::RowsInvalid(e.to_string());
     let extension = match File::open(&paths.attempt_extension) {
@@ -112,15 +176,22 @@ pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, RunFilesError
         }
         Err(_) => 0,
     };
-    let offset = match File::open(&paths.resubmit_offset) {
-        Ok(file) => journals::resubmit_offset(file, &paths.resubmit_offset.display().to_string())
-            .map_err(invalid)?,
-        Err(_) => 0,
+    let offset = |path: &std::path::Path| match File::open(path) {
+        Ok(file) => journals::resubmit_offset(file, &path.display().to_string()).map_err(invalid),
+        Err(_) => Ok(0),
+    };
+    let options = recovery_core::plan::IndexOptions {
+        resubmit_offset: offset(&paths.resubmit_offset)?,
+        resubmit_results_offset: offset(&paths.resubmit_results_offset)?,
     };
     let approvals = File::open(&paths.rerun_masked)
         .map(journals::rerun_masked_approvals)
         .unwrap_or_default();
-    Ok((extension, offset, approvals))
+    Ok(BudgetInputs {
+        extension,
+        options,
+        approvals,
+    })
 }
 
 /// The resume plan of a run from its files, built from scratch (nothing cached).

@@ -39,6 +39,9 @@ pub enum ErrorCode {
     IdentityError,
     /// Saved rows cannot be planned or classified (malformed line, inconsistent record).
     RowsInvalid,
+    /// The run's files contradict its manifest: a companion it needs is missing, the
+    /// materialized inputs do not match it, or an older collector's draft journal is beside it.
+    RunFilesInvalid,
     /// Another client holds the run's lease, or another process its lock.
     RunLocked,
     /// The lease presented does not hold the run.
@@ -73,6 +76,7 @@ impl ErrorCode {
             | Self::RunSuperseded
             | Self::ResumeRefused
             | Self::NoManifest
+            | Self::RunFilesInvalid
             | Self::NotEligible
             | Self::Conflict => StatusCode::CONFLICT,
             Self::RunLocked => StatusCode::LOCKED,
@@ -196,6 +200,7 @@ impl From<recovery_runs::RunFilesError> for ApiError {
             RunFilesError::NoManifest(m) => Self::new(ErrorCode::NoManifest, m),
             RunFilesError::ManifestUnreadable(m) => Self::new(ErrorCode::ManifestUnreadable, m),
             RunFilesError::RowsInvalid(m) => Self::new(ErrorCode::RowsInvalid, m),
+            RunFilesError::Inconsistent(m) => Self::new(ErrorCode::RunFilesInvalid, m),
             io @ RunFilesError::Io { .. } => Self::internal("reading the run's files", io),
         }
     }
@@ -228,7 +233,7 @@ impl From<recovery_runs::OpError> for ApiError {
     fn from(error: recovery_runs::OpError) -> Self {
         use recovery_runs::OpError;
         match error {
-            OpError::Invalid(m) => Self::invalid(m),
+            OpError::Invalid(m) | OpError::SourceUnreadable(m) => Self::invalid(m),
             OpError::NotFound(m) => Self::not_found(m),
             OpError::NotEligible { message, details } => {
                 Self::new(ErrorCode::NotEligible, message).with_details(details)

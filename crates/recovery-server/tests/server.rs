@@ -1529,3 +1529,305 @@ async fn an_approval_is_used_by_the_attempt_reserved_for_it_and_cannot_be_revoke
         (StatusCode::CONFLICT, Some("conflict"))
     );
 }
+
+// --- issue 9: the seed's semantics where they were decided differently -----------------------
+
+/// Issue 9, item 1 (facts §17 scenario 31): with the source dataset deleted, a resume refuses
+/// and changes nothing; with `allow_unsafe` it resumes as overridden (the saved outcomes
+/// reused, the identity unverified from then on).
+#[tokio::test]
+async fn item_1_a_deleted_source_refuses_and_resumes_overridden_with_allow_unsafe() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    std::fs::remove_file(app.source()).expect("delete the dataset");
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let before = std::fs::read(&paths.manifest).expect("manifest");
+    let uri = format!("/runs/{run_id}/validate");
+    let refused = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("source_path"))
+    );
+    assert_eq!(std::fs::read(&paths.manifest).expect("manifest"), before);
+    let mut unsafe_body = app.validate_body(0.3, 8000);
+    unsafe_body["allow_unsafe"] = json!(true);
+    let overridden = app
+        .call(Method::POST, &uri, Some(COLLECTOR), Some(unsafe_body))
+        .await;
+    assert_eq!(overridden.status, StatusCode::OK, "{}", overridden.body);
+    assert_eq!(overridden.body["outcome"], "overridden");
+    assert_eq!(overridden.body["manifest"]["identity_overridden"], true);
+    assert!(
+        overridden.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("current input/configuration identity")),
+        "{}",
+        overridden.body
+    );
+}
+
+async fn reserve_one(app: &TestApp, run_id: &str, lease: &str) -> Reply {
+    app.call(
+        Method::POST,
+        &format!("/runs/{run_id}/attempts/reserve"),
+        Some(COLLECTOR),
+        Some(json!({"lease_id": lease, "rollout_ids": ["0-0"]})),
+    )
+    .await
+}
+
+/// Issue 9, item 4 (facts §11.2, §11.6, scenario 30): plans, reservations and validations
+/// refuse a run whose materialized inputs no longer match its manifest, that has a draft
+/// journal of an older collector beside it, or whose output is gone while its sidecars remain.
+#[tokio::test]
+async fn item_4_load_time_checks_refuse_plan_reserve_and_validate_of_inconsistent_files() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]
+        .as_str()
+        .expect("lease")
+        .to_owned();
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let plan_uri = format!("/runs/{run_id}/plan");
+    let mut validate = app.validate_body(0.3, 8000);
+    validate["lease_id"] = json!(lease);
+    let validate_uri = format!("/runs/{run_id}/validate");
+    let refused_code =
+        |reply: &Reply| (reply.status, reply.body["code"].as_str().map(str::to_owned));
+    let invalid = (StatusCode::CONFLICT, Some("run_files_invalid".to_owned()));
+
+    // Materialized inputs changed under the manifest.
+    let rows = std::fs::read(&paths.materialized).expect("rows");
+    let mut changed = rows.clone();
+    changed.extend_from_slice(b"{\"_ng_task_index\": 9, \"_ng_rollout_index\": 0}\n");
+    std::fs::write(&paths.materialized, &changed).expect("change the rows");
+    let plan = app.call(Method::GET, &plan_uri, Some(VIEWER), None).await;
+    assert_eq!(refused_code(&plan), invalid, "{}", plan.body);
+    assert!(
+        plan.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("do not match the run manifest"))
+    );
+    assert_eq!(
+        refused_code(&reserve_one(&app, &run_id, &lease).await),
+        invalid
+    );
+    let refused = app
+        .call(
+            Method::POST,
+            &validate_uri,
+            Some(COLLECTOR),
+            Some(validate.clone()),
+        )
+        .await;
+    assert_eq!(refused.body["code"], "resume_refused", "{}", refused.body);
+    assert!(
+        refused.body["details"]["mismatches"]
+            .to_string()
+            .contains("saved_materialized_inputs")
+    );
+    std::fs::write(&paths.materialized, &rows).expect("restore the rows");
+
+    // A draft dispatch journal of an older collector.
+    std::fs::write(&paths.draft_journal, b"{}\n").expect("draft journal");
+    assert_eq!(
+        refused_code(&app.call(Method::GET, &plan_uri, Some(VIEWER), None).await),
+        invalid
+    );
+    assert_eq!(
+        refused_code(&reserve_one(&app, &run_id, &lease).await),
+        invalid
+    );
+    let refused = app
+        .call(
+            Method::POST,
+            &validate_uri,
+            Some(COLLECTOR),
+            Some(validate.clone()),
+        )
+        .await;
+    assert_eq!(refused_code(&refused), invalid, "{}", refused.body);
+    std::fs::remove_file(&paths.draft_journal).expect("remove");
+
+    // The output gone, its sidecars left: never a reuse.
+    std::fs::remove_file(&paths.output).expect("remove the output");
+    let refused = app
+        .call(
+            Method::POST,
+            &validate_uri,
+            Some(COLLECTOR),
+            Some(validate.clone()),
+        )
+        .await;
+    assert_eq!(refused_code(&refused), invalid, "{}", refused.body);
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("missing"))
+    );
+    assert_eq!(
+        refused_code(&app.call(Method::GET, &plan_uri, Some(VIEWER), None).await),
+        invalid
+    );
+    assert_eq!(
+        refused_code(&reserve_one(&app, &run_id, &lease).await),
+        invalid
+    );
+    assert!(!paths.output.exists(), "nothing was recreated");
+    std::fs::write(&paths.output, b"").expect("restore the output");
+    let reused = app
+        .call(Method::POST, &validate_uri, Some(COLLECTOR), Some(validate))
+        .await;
+    assert_eq!(reused.body["outcome"], "reuse", "{}", reused.body);
+}
+
+/// Issue 9, item 5 (facts §11.6, scenario 26): saved outcomes without a manifest, resumed with
+/// `allow_unsafe`, get the legacy manifest (`legacy_import`, unverified digests, attempts
+/// numbered from the saved rows); outcomes that name a run lost their manifest and are refused.
+#[tokio::test]
+async fn item_5_a_legacy_import_writes_the_legacy_manifest_after_its_checks() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::remove_file(&paths.manifest).expect("the manifest is lost");
+    std::fs::remove_file(&paths.identity).expect("and its identity");
+    // Untagged legacy outcomes: task 0 failed once then succeeded; task 1 never ran.
+    std::fs::write(
+        &paths.failures,
+        b"{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0, \"_ng_failure_class\": \"transport_peer_drop\"}\n",
+    )
+    .expect("failures");
+    std::fs::write(
+        &paths.output,
+        b"{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0, \"reward\": 1.0, \"response\": {\"output\": [{}], \"status\": \"completed\"}}\n",
+    )
+    .expect("results");
+    let uri = format!("/runs/{run_id}/validate");
+    let refused = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(refused.body["code"], "no_manifest", "{}", refused.body);
+    assert!(!paths.manifest.exists(), "a refusal writes nothing");
+    let mut unsafe_body = app.validate_body(0.3, 8000);
+    unsafe_body["allow_unsafe"] = json!(true);
+    let imported = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(unsafe_body.clone()),
+        )
+        .await;
+    assert_eq!(imported.status, StatusCode::OK, "{}", imported.body);
+    assert_eq!(imported.body["outcome"], "import_legacy");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(&paths.manifest).expect("a legacy manifest"))
+            .expect("json");
+    assert_eq!(manifest["legacy_import"], true);
+    assert_eq!(manifest["run_id"], run_id.as_str());
+    assert_eq!(
+        manifest["next_attempt"],
+        json!({"0-0": 2}),
+        "failure 0, then success 1"
+    );
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        plan.body["state_counts"],
+        json!({"scored": 1, "missing": 1}),
+        "{}",
+        plan.body
+    );
+    assert_eq!(plan.body["coverage"]["identity_verified"], false);
+    // From now on, a resume needs allow_unsafe (the legacy identity is unverified).
+    let again = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(again.body["code"], "resume_refused", "{}", again.body);
+
+    // Outcomes that name a run are that run's: they lost their manifest, never legacy.
+    std::fs::remove_file(&paths.manifest).expect("lost again");
+    std::fs::write(
+        &paths.output,
+        format!("{{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0, \"_ng_attempt_index\": 0, \"_ng_run_id\": \"{run_id}\", \"reward\": 1.0}}\n"),
+    )
+    .expect("tagged results");
+    let refused = app
+        .call(Method::POST, &uri, Some(COLLECTOR), Some(unsafe_body))
+        .await;
+    assert_eq!(
+        refused.body["code"], "run_files_invalid",
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("lost their manifest"))
+    );
+    assert!(!paths.manifest.exists());
+}
+
+/// Issue 9, item 6: a credential the configuration reads from the environment is never
+/// needed: a run created with it in `environment` is reused by a validate without it.
+#[tokio::test]
+async fn item_6_a_credential_from_the_environment_is_never_needed_to_resume() {
+    let app = TestApp::new().await;
+    let mut body = app.create_body();
+    body["global_config"]["math_agent"]["responses_api_agents"]["simple_agent"]["sandbox"]["e2b"] =
+        json!("${oc.env:E2B_API_KEY}");
+    body["environment"]["E2B_API_KEY"] = json!("e2b-live-KEY");
+    let created = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body.clone()))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let run_id = created.body["run_id"].as_str().expect("run");
+    let validate = json!({"config": body["config"], "global_config": body["global_config"], "environment": {"NGT_REVIEW_PROMPT": "Be strict."}, "source_path": app.source()});
+    let reused = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(validate),
+        )
+        .await;
+    assert_eq!(reused.body["outcome"], "reuse", "{}", reused.body);
+    for file in files_under(&app.root) {
+        let text = std::fs::read(&file).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&text).contains("e2b-live-KEY"),
+            "{} holds the secret",
+            file.display()
+        );
+    }
+}

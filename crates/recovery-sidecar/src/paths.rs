@@ -138,6 +138,9 @@ pub struct SidecarPaths {
     pub attempt_extension: PathBuf,
     pub rerun_masked: PathBuf,
     pub resubmit_offset: PathBuf,
+    /// The results file's line count at each resubmit (this service's companion of the resubmit
+    /// offset: a resubmit resets masked-infrastructure results too).
+    pub resubmit_results_offset: PathBuf,
     pub classification_policy: PathBuf,
     /// The superseded draft dispatch journal, whose presence refuses a resume.
     pub draft_journal: PathBuf,
@@ -149,7 +152,7 @@ pub struct SidecarPaths {
 
 /// The suffixes of every companion named after an output's stem (an output whose name ends with
 /// one of these, beside that stem's manifest, is another run's companion).
-pub const COMPANION_SUFFIXES: [&str; 14] = [
+pub const COMPANION_SUFFIXES: [&str; 15] = [
     "_failures.jsonl",
     "_materialized_inputs.jsonl",
     "_manifest.json",
@@ -160,6 +163,7 @@ pub const COMPANION_SUFFIXES: [&str; 14] = [
     "_attempt_extension.jsonl",
     "_rerun_masked.jsonl",
     "_resubmit_offset",
+    "_resubmit_results_offset",
     "_failure_classification.json",
     "_attempts.jsonl",
     "_aggregate_metrics.json",
@@ -172,8 +176,10 @@ fn stem(path: &Path) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
+    // Python's `PurePath.stem`: a suffix is a final `.` that is neither the name's first nor its
+    // last character (`a.` and `.a` have none).
     match name.rfind('.') {
-        Some(at) if at > 0 => name[..at].to_owned(),
+        Some(at) if at > 0 && at + 1 < name.len() => name[..at].to_owned(),
         _ => name,
     }
 }
@@ -204,6 +210,7 @@ impl SidecarPaths {
             &self.attempt_extension,
             &self.rerun_masked,
             &self.resubmit_offset,
+            &self.resubmit_results_offset,
             &self.classification_policy,
             &self.draft_journal,
             &self.aggregate_metrics,
@@ -231,6 +238,7 @@ impl SidecarPaths {
             attempt_extension: companion(output, "_attempt_extension.jsonl"),
             rerun_masked: companion(output, "_rerun_masked.jsonl"),
             resubmit_offset: companion(output, "_resubmit_offset"),
+            resubmit_results_offset: companion(output, "_resubmit_results_offset"),
             classification_policy: companion(output, "_failure_classification.json"),
             draft_journal: companion(output, "_attempts.jsonl"),
             aggregate_metrics: companion(output, "_aggregate_metrics.json"),

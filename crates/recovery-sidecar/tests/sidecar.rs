@@ -48,6 +48,52 @@ fn companions_are_named_from_the_output_stem_and_the_manifest_stem() {
     assert_eq!(name(&hidden.manifest), ".hidden_manifest.json");
 }
 
+/// Issue 9, item 10: companions are named from Python's `PurePath.stem` (CPython is the oracle),
+/// so `a.` keeps its dot and `.a.b` loses only `.b`.
+#[test]
+fn item_10_companion_names_follow_python_path_stem() {
+    let names = [
+        "a.",
+        "a.b.",
+        ".a",
+        "a..jsonl",
+        ".jsonl",
+        "a",
+        "a.tar.gz",
+        "a. ",
+        ".a.b",
+        "out.jsonl",
+        "x.y.z",
+        "trailing..",
+        "...",
+    ];
+    let script = "import sys, pathlib\nfor n in sys.argv[1:]:\n    print(pathlib.PurePath(n).stem + '_manifest.json')\n";
+    let python = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(names)
+        .output()
+        .expect("python3");
+    assert!(python.status.success());
+    let expected: Vec<String> = String::from_utf8(python.stdout)
+        .expect("utf-8")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let ours: Vec<String> = names
+        .iter()
+        .map(|n| {
+            SidecarPaths::for_output(&Path::new("/d").join(n))
+                .manifest
+                .file_name()
+                .expect("name")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(ours, expected);
+}
+
 #[test]
 fn output_paths_are_confined_to_their_roots() {
     let root = tempfile::tempdir().expect("root");

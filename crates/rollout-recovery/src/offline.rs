@@ -3,11 +3,12 @@
 use anyhow::{Context as _, bail};
 use clap::Args;
 use recovery_core::drift::{DriftPolicy, differing_keys};
-use recovery_core::errors::IncompleteEvaluationError;
 use recovery_core::failure::ClassificationPolicy;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, RowReferences};
-use recovery_core::plan::PlanState;
-use recovery_core::verdict::{CurrentRun, ResumeVerdict, validate_resume};
+use recovery_core::plan::{Completion, completion};
+use recovery_core::verdict::ResumeVerdict;
+use recovery_runs::cache::RunCaches;
+use recovery_runs::operations::{ResumeRequest, decide_resume};
 use recovery_runs::runfiles;
 use recovery_sidecar::SidecarPaths;
 use serde_json::{Value, json};
@@ -130,34 +131,39 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
     let output = std::fs::canonicalize(&args.output).unwrap_or(args.output.clone());
     let paths = SidecarPaths::for_output(&output);
     let bundle = read_bundle(&args.bundle)?;
-    let saved = runfiles::read_saved_run(&paths);
-    let refs = references(&bundle, Some(&paths.materialized))?;
-    let materialized = match &bundle.rows {
-        Some(rows) => {
-            let text: String = rows.iter().map(|r| format!("{r}\n")).collect();
-            recovery_core::materialized::materialized_digest(text.as_bytes(), 1)?.sha256
-        }
-        None => saved.materialized.clone().unwrap_or_default(),
+    let raw = |value: &Value| serde_json::value::to_raw_value(value);
+    // The service's decision, from the same code (`decide_resume`): the load-time checks, the
+    // current identity (a source that cannot be read resumes as overridden with
+    // `--allow-unsafe`), then the decision table.
+    let request = ResumeRequest {
+        config: raw(&bundle.config)?,
+        global_config: raw(&bundle.global_config)?,
+        environment: bundle.environment,
+        source: args.source.clone(),
+        rows: bundle
+            .rows
+            .as_ref()
+            .map(|rows| raw(&Value::Array(rows.clone())))
+            .transpose()?,
+        allow_unsafe: args.allow_unsafe,
     };
-    let source = recovery_core::canonical::sha256_reader(
-        std::fs::File::open(&args.source)
-            .with_context(|| format!("cannot read {}", args.source.display()))?,
-    )?;
-    let current = match compute(&bundle, &refs) {
-        Ok(config) => Some(CurrentRun {
-            source_digest: source,
-            materialized_digest: materialized,
-            config: std::sync::Arc::new(config),
-        }),
-        Err(e) if !args.allow_unsafe => return Err(e),
-        Err(_) => None,
-    };
-    let verdict = validate_resume(
-        &saved,
-        current.as_ref(),
-        args.allow_unsafe,
+    let verdict = match decide_resume(
+        &RunCaches::default(),
+        &paths,
+        &request,
         &DriftPolicy::default(),
-    );
+    ) {
+        Ok(decided) => decided.verdict,
+        Err(e) => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(
+                    &json!({"outcome": "refused", "message": e.to_string()})
+                )?
+            );
+            return Ok(1);
+        }
+    };
     let (code, report) = match verdict {
         ResumeVerdict::Reuse { manifest } => {
             (0, json!({"outcome": "reuse", "run_id": manifest.run_id}))
@@ -218,35 +224,18 @@ pub fn plan(args: PlanArgs) -> anyhow::Result<i32> {
     if let Some(message) = &plan.budget_message {
         eprintln!("{message} Failures: {}.", paths.failures.display());
     }
-    let finished = plan.entries.iter().all(|e| {
-        matches!(
-            e.state,
-            PlanState::Scored | PlanState::ModelFinal | PlanState::Omitted
-        )
-    });
-    if finished {
-        return Ok(0);
+    // The one completion rule (`has_only_intentional_gaps`), shared with every reader.
+    match completion(&plan.state_counts()) {
+        Ok(Completion::Complete) => Ok(0),
+        Ok(Completion::OnlyIntentionalGaps { omitted }) => {
+            eprintln!("complete: {omitted} rollout(s) intentionally omitted beside completed ones");
+            Ok(0)
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            Ok(error.exit_code())
+        }
     }
-    let runnable = plan.entries.iter().any(|e| {
-        matches!(
-            e.state,
-            PlanState::Missing
-                | PlanState::Retryable
-                | PlanState::ApprovedRerun
-                | PlanState::JudgeRecoverable
-        )
-    });
-    let error = IncompleteEvaluationError {
-        message: format!(
-            "{}/{} samples completed",
-            plan.coverage.successful, plan.coverage.expected
-        ),
-        retryable: runnable,
-        made_progress: plan.coverage.successful > 0,
-        failure_kind: None,
-    };
-    eprintln!("{error}");
-    Ok(error.exit_code())
 }
 
 #[derive(Debug, Args)]

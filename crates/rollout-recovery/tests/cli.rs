@@ -666,3 +666,167 @@ fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
         assert!(stderr.contains(named), "{case}: {stderr}");
     }
 }
+
+/// A run saved beside `dir/out.jsonl` with its identity, as the offline commands read it.
+struct OfflineRun {
+    output: PathBuf,
+    source: PathBuf,
+    bundle: PathBuf,
+    paths: recovery_sidecar::SidecarPaths,
+    run_id: String,
+}
+
+fn offline_run(dir: &Path) -> OfflineRun {
+    let output = dir.join("out.jsonl");
+    let paths = recovery_sidecar::SidecarPaths::for_output(
+        &std::fs::canonicalize(dir).expect("dir").join("out.jsonl"),
+    );
+    let rows = "{\"agent_ref\":{\"name\":\"agent\"},\"_ng_task_index\":0,\"_ng_rollout_index\":0}\n{\"agent_ref\":{\"name\":\"agent\"},\"_ng_task_index\":1,\"_ng_rollout_index\":0}\n";
+    std::fs::write(&paths.materialized, rows).expect("rows");
+    let source = dir.join("train.jsonl");
+    std::fs::write(&source, b"{}\n").expect("source");
+    let bundle = dir.join("bundle.json");
+    std::fs::write(
+        &bundle,
+        json!({"config": config(0.3), "global_config": global(8000)}).to_string(),
+    )
+    .expect("bundle");
+    let out = Command::new(BIN)
+        .args(["identity", "--bundle"])
+        .arg(&bundle)
+        .arg("--materialized")
+        .arg(&paths.materialized)
+        .output()
+        .expect("identity");
+    let identity: Value = serde_json::from_slice(&out.stdout).expect("json");
+    std::fs::write(
+        &paths.identity,
+        serde_json::to_string(&identity["identity"]).expect("json"),
+    )
+    .expect("identity file");
+    let run_id = "ab".repeat(16);
+    let mut manifest = recovery_core::manifest::RunManifest::create(
+        run_id.clone(),
+        recovery_core::canonical::sha256_hex(b"{}\n"),
+        recovery_core::materialized::materialized_digest(rows.as_bytes(), 1)
+            .expect("digest")
+            .sha256,
+        identity["config_digest"].as_str().expect("digest"),
+        Some(1),
+    );
+    manifest.next_attempt.insert("0-0".into(), 1);
+    manifest.next_attempt.insert("1-0".into(), 1);
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    std::fs::write(&paths.failures, b"").expect("failures");
+    std::fs::write(&paths.output, b"").expect("results");
+    OfflineRun {
+        output,
+        source,
+        bundle,
+        paths,
+        run_id,
+    }
+}
+
+fn offline_validate(run: &OfflineRun, unsafe_resume: bool) -> std::process::Output {
+    let mut command = Command::new(BIN);
+    command
+        .args(["validate", "--output"])
+        .arg(&run.output)
+        .arg("--source")
+        .arg(&run.source)
+        .arg("--bundle")
+        .arg(&run.bundle);
+    if unsafe_resume {
+        command.arg("--allow-unsafe");
+    }
+    command.output().expect("validate")
+}
+
+/// Issue 9, item 1, offline: the `validate` command decides a deleted source as the service
+/// does (one code path): refused, or overridden with `--allow-unsafe`.
+#[test]
+fn item_1_the_offline_validate_decides_a_deleted_source_as_the_service_does() {
+    let dir = tempfile::tempdir().expect("dir");
+    let run = offline_run(dir.path());
+    let reused = offline_validate(&run, false);
+    assert_eq!(
+        reused.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&reused.stdout)
+    );
+    std::fs::remove_file(&run.source).expect("delete the dataset");
+    let refused = offline_validate(&run, false);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stdout).contains("source_path"));
+    let overridden = offline_validate(&run, true);
+    assert_eq!(overridden.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&overridden.stdout).expect("json");
+    assert_eq!(report["outcome"], "overridden", "{report}");
+}
+
+/// Issue 9, item 7, offline: `plan` exits as `has_only_intentional_gaps` decides, and never
+/// prints "N/N completed" for a run that is not complete.
+#[test]
+fn item_7_the_offline_plan_exits_by_the_completion_rule() {
+    let dir = tempfile::tempdir().expect("dir");
+    let run = offline_run(dir.path());
+    let plan = || {
+        Command::new(BIN)
+            .args(["plan", "--output"])
+            .arg(&run.output)
+            .output()
+            .expect("plan")
+    };
+    let line = |task: u64, extra: &str| {
+        format!(
+            "{{\"_ng_task_index\":{task},\"_ng_rollout_index\":0,\"_ng_attempt_index\":0,\"_ng_run_id\":\"{}\"{extra}}}\n",
+            run.run_id
+        )
+    };
+    // Scored, and masked: not complete, and nothing a resume can run.
+    std::fs::write(
+        &run.paths.output,
+        line(0, ",\"reward\":1.0,\"response\":{\"status\":\"completed\"}")
+            + &line(1, ",\"reward\":0.0,\"mask_sample\":true"),
+    )
+    .expect("results");
+    let masked = plan();
+    let stderr = String::from_utf8_lossy(&masked.stderr).into_owned();
+    assert_eq!(masked.status.code(), Some(76), "{stderr}");
+    assert!(
+        stderr.contains("1/2 samples completed (1 masked)"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("2/2"), "{stderr}");
+    // Scored, and intentionally omitted: accepted.
+    std::fs::write(
+        &run.paths.output,
+        line(0, ",\"reward\":1.0,\"response\":{\"status\":\"completed\"}"),
+    )
+    .expect("results");
+    std::fs::write(
+        &run.paths.failures,
+        line(
+            1,
+            ",\"_ng_failure_class\":\"skipped\",\"_ng_failure_terminal\":true,\"_ng_omitted\":true",
+        ),
+    )
+    .expect("failures");
+    assert_eq!(plan().status.code(), Some(0));
+    // Only omissions: nothing completed, not accepted.
+    std::fs::write(&run.paths.output, b"").expect("results");
+    std::fs::write(
+        &run.paths.failures,
+        line(
+            0,
+            ",\"_ng_failure_class\":\"skipped\",\"_ng_failure_terminal\":true,\"_ng_omitted\":true",
+        ) + &line(
+            1,
+            ",\"_ng_failure_class\":\"skipped\",\"_ng_failure_terminal\":true,\"_ng_omitted\":true",
+        ),
+    )
+    .expect("failures");
+    assert_eq!(plan().status.code(), Some(76));
+}

@@ -69,23 +69,41 @@ enum Part {
 enum Expression {
     Node(String),
     Env {
-        name: String,
-        default: Option<Element>,
+        name: Argument,
+        default: Option<Argument>,
     },
     Select {
-        key: String,
-        default: Option<Element>,
+        key: Argument,
+        default: Option<Argument>,
     },
 }
 
-/// A resolver argument as OmegaConf's grammar reads it.
+/// A resolver argument as OmegaConf's grammar reads it: an unquoted primitive (typed when it is
+/// one number, boolean or null token), a quoted string, a list or a mapping; primitives and
+/// quoted strings may hold interpolations.
 #[derive(Debug, Clone, PartialEq)]
-enum Element {
+enum Argument {
+    Typed(Scalar),
+    Text(Vec<Piece>),
+    Quoted(Vec<Piece>),
+    List(Vec<Argument>),
+    Mapping(Vec<(String, Argument)>),
+}
+
+/// A piece of an argument's text.
+#[derive(Debug, Clone, PartialEq)]
+enum Piece {
+    Literal(String),
+    Interpolation(Box<Expression>),
+}
+
+/// A typed primitive.
+#[derive(Debug, Clone, PartialEq)]
+enum Scalar {
     Null,
     Bool(bool),
     Int(String),
     Float(f64),
-    Text(String),
 }
 
 /// Whether a string would be parsed as an interpolation at all.
@@ -188,11 +206,9 @@ impl<'env> Resolver<'env> {
             match part {
                 Part::Literal(literal) => text.push_str(literal),
                 Part::Interpolation(expression) => {
+                    // OmegaConf puts a mapping or list into a template through `str()`.
                     let value = self.evaluate(root, expression, path)?;
-                    text.push_str(&python_str(&value).ok_or_else(|| InterpolationError {
-                        key: display_path(path),
-                        message: "a mapping or list cannot be interpolated into a string".into(),
-                    })?);
+                    text.push_str(&python_str(&value));
                 }
             }
         }
@@ -216,24 +232,101 @@ impl<'env> Resolver<'env> {
                     .ok_or_else(|| error(format!("interpolation key '{reference}' not found")))
             }
             Expression::Select { key, default } => {
-                let target = absolute_path(key, path).map_err(&error)?;
+                let key = self.argument_text(root, key, path)?;
+                let target = absolute_path(&key, path).map_err(&error)?;
                 match self.follow(root, &target)? {
                     Some(value) => Ok(value),
                     None => match default {
                         None => Ok(Value::Null),
-                        Some(element) => element_value(element).map_err(error),
+                        Some(argument) => {
+                            let value = self.argument(root, argument, path)?;
+                            value.into_json().map_err(error)
+                        }
                     },
                 }
             }
-            Expression::Env { name, default } => match self.env.get(name) {
-                Some(value) => Ok(Value::String(value.clone())),
-                None => match default {
-                    None => Err(error(format!("environment variable '{name}' not found"))),
-                    Some(Element::Null) => Ok(Value::Null),
-                    Some(element) => Ok(Value::String(element_str(element))),
-                },
-            },
+            Expression::Env { name, default } => {
+                let name = self.argument_text(root, name, path)?;
+                if name.is_empty() {
+                    return Err(error("oc.env needs a variable name".into()));
+                }
+                match self.env.get(&name) {
+                    Some(value) => Ok(Value::String(value.clone())),
+                    None => match default {
+                        None => Err(error(format!("environment variable '{name}' not found"))),
+                        Some(argument) => match self.argument(root, argument, path)? {
+                            // `oc.env` passes its default through `str()`, except None.
+                            Resolved::Json(Value::Null) => Ok(Value::Null),
+                            value => Ok(Value::String(value.python_str())),
+                        },
+                    },
+                }
+            }
         }
+    }
+
+    /// An argument's value.
+    fn argument(
+        &mut self,
+        root: &Value,
+        argument: &Argument,
+        path: &[Segment],
+    ) -> Result<Resolved, InterpolationError> {
+        Ok(match argument {
+            Argument::Typed(scalar) => Resolved::of_scalar(scalar),
+            Argument::Text(pieces) => {
+                // A primitive that is one interpolation takes its value, typed.
+                if let [Piece::Interpolation(expression)] = pieces.as_slice() {
+                    Resolved::Json(self.evaluate(root, expression, path)?)
+                } else {
+                    Resolved::Json(Value::String(self.pieces_text(root, pieces, path)?))
+                }
+            }
+            Argument::Quoted(pieces) => {
+                Resolved::Json(Value::String(self.pieces_text(root, pieces, path)?))
+            }
+            Argument::List(items) => Resolved::List(
+                items
+                    .iter()
+                    .map(|item| self.argument(root, item, path))
+                    .collect::<Result<_, _>>()?,
+            ),
+            Argument::Mapping(entries) => Resolved::Mapping(
+                entries
+                    .iter()
+                    .map(|(key, item)| Ok((key.clone(), self.argument(root, item, path)?)))
+                    .collect::<Result<_, InterpolationError>>()?,
+            ),
+        })
+    }
+
+    /// An argument as text (a resolver's key or variable name): its value through `str()`.
+    fn argument_text(
+        &mut self,
+        root: &Value,
+        argument: &Argument,
+        path: &[Segment],
+    ) -> Result<String, InterpolationError> {
+        Ok(self.argument(root, argument, path)?.python_str())
+    }
+
+    /// Literal text and interpolations (through `str()`), concatenated.
+    fn pieces_text(
+        &mut self,
+        root: &Value,
+        pieces: &[Piece],
+        path: &[Segment],
+    ) -> Result<String, InterpolationError> {
+        let mut text = String::new();
+        for piece in pieces {
+            match piece {
+                Piece::Literal(literal) => text.push_str(literal),
+                Piece::Interpolation(expression) => {
+                    text.push_str(&python_str(&self.evaluate(root, expression, path)?));
+                }
+            }
+        }
+        Ok(text)
     }
 
     /// Walks `target` from the root, resolving an interpolated node met on the way (and going on
@@ -245,6 +338,11 @@ impl<'env> Resolver<'env> {
     ) -> Result<Option<Value>, InterpolationError> {
         let mut node = root;
         for (depth, segment) in target.iter().enumerate() {
+            // A path through a redacted credential (a `secrets` mapping redacted whole) names a
+            // credential: it resolves to the marker, never to a missing key.
+            if node.as_str() == Some(super::tables::REDACTED) {
+                return Ok(Some(node.clone()));
+            }
             let Some(next) = step(node, segment) else {
                 return Ok(None);
             };
@@ -340,11 +438,15 @@ fn absolute_path(reference: &str, from: &[Segment]) -> Result<Vec<Segment>, Stri
             let close = remaining
                 .find(']')
                 .ok_or_else(|| format!("invalid interpolation key '{reference}'"))?;
-            let index: usize = remaining[1..close]
-                .trim()
-                .parse()
-                .map_err(|_| format!("invalid interpolation key '{reference}'"))?;
-            path.push(Segment::Index(index));
+            // `[0]` indexes a list; `[name]` is a key (OmegaConf's bracket keys).
+            let inside = remaining[1..close].trim();
+            if inside.is_empty() {
+                return Err(format!("invalid interpolation key '{reference}'"));
+            }
+            path.push(match inside.parse::<usize>() {
+                Ok(index) => Segment::Index(index),
+                Err(_) => Segment::Key(inside.to_owned()),
+            });
             remaining = &remaining[close + 1..];
             if !remaining.is_empty() && !remaining.starts_with('[') {
                 return Err(format!("invalid interpolation key '{reference}'"));
@@ -419,6 +521,9 @@ fn matching_brace(bytes: &[u8], start: usize) -> Option<usize> {
             depth += 1;
             i += 2;
             continue;
+        } else if b == b'{' {
+            // A mapping argument (`{a: 1}`) nests like an interpolation.
+            depth += 1;
         } else if b == b'}' {
             if depth == 0 {
                 return Some(i);
@@ -444,20 +549,14 @@ fn parse_expression(body: &str) -> Result<Expression, String> {
         return Ok(Expression::Node(body.to_owned()));
     };
     let name = &call[1];
-    let args = split_arguments(&call[2])?;
+    let args = parse_arguments(&call[2])?;
     match name {
         "oc.env" => {
-            let (key, default) = one_or_two(name, args)?;
-            let Element::Text(key) = key else {
-                return Err("oc.env needs a variable name".into());
-            };
-            Ok(Expression::Env { name: key, default })
+            let (name, default) = one_or_two("oc.env", args)?;
+            Ok(Expression::Env { name, default })
         }
         "oc.select" => {
-            let (key, default) = one_or_two(name, args)?;
-            let Element::Text(key) = key else {
-                return Err("oc.select needs a key".into());
-            };
+            let (key, default) = one_or_two("oc.select", args)?;
             Ok(Expression::Select { key, default })
         }
         other => Err(format!(
@@ -466,7 +565,7 @@ fn parse_expression(body: &str) -> Result<Expression, String> {
     }
 }
 
-fn one_or_two(name: &str, mut args: Vec<Element>) -> Result<(Element, Option<Element>), String> {
+fn one_or_two(name: &str, mut args: Vec<Argument>) -> Result<(Argument, Option<Argument>), String> {
     match args.len() {
         1 => Ok((args.remove(0), None)),
         2 => {
@@ -477,81 +576,264 @@ fn one_or_two(name: &str, mut args: Vec<Element>) -> Result<(Element, Option<Ele
     }
 }
 
-fn split_arguments(text: &str) -> Result<Vec<Element>, String> {
-    let mut args = Vec::new();
-    let bytes = text.as_bytes();
-    let mut start = 0;
-    let mut quote: Option<u8> = None;
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        match quote {
-            Some(q) => {
-                if b == b'\\' {
-                    i += 1;
-                } else if b == q {
-                    quote = None;
-                }
-            }
-            None => match b {
-                b'\'' | b'"' => quote = Some(b),
-                b'[' | b']' | b'{' | b'}' => {
-                    return Err(
-                        "list, mapping and nested interpolation arguments are not supported".into(),
-                    );
-                }
-                b',' => {
-                    args.push(parse_element(&text[start..i])?);
-                    start = i + 1;
-                }
-                _ => {}
-            },
-        }
-        i += 1;
+/// Characters an unquoted argument may hold (OmegaConf's `ID`, `UNQUOTED_CHAR`, `:` and
+/// whitespace); anything else (`=`, `(`, `!`, a quote inside, ...) is a grammar error.
+fn unquoted_allowed(c: char) -> bool {
+    c.is_ascii_alphanumeric() || "_-/\\+.$%*@?|: \t".contains(c)
+}
+
+/// Characters a backslash escapes in an unquoted argument.
+const ESCAPABLE: &str = "\\()[]{}:=, \t";
+
+/// The resolver arguments of `text` (what follows `name:`), as OmegaConf's grammar reads them.
+fn parse_arguments(text: &str) -> Result<Vec<Argument>, String> {
+    let mut parser = Arguments { text, pos: 0 };
+    let args = parser.sequence(None)?;
+    if parser.pos < text.len() {
+        return Err(parser.unexpected());
     }
-    if quote.is_some() {
-        return Err("unterminated quoted argument".into());
-    }
-    args.push(parse_element(&text[start..])?);
     Ok(args)
 }
 
-fn parse_element(raw: &str) -> Result<Element, String> {
-    let text = raw.trim();
-    if text.contains("${") {
-        return Err("nested interpolation arguments are not supported".into());
+struct Arguments<'a> {
+    text: &'a str,
+    pos: usize,
+}
+
+impl Arguments<'_> {
+    fn peek(&self) -> Option<char> {
+        self.text[self.pos..].chars().next()
     }
-    let quoted = text.len() >= 2
-        && ((text.starts_with('\'') && text.ends_with('\''))
-            || (text.starts_with('"') && text.ends_with('"')));
-    if quoted {
-        let inner = &text[1..text.len() - 1];
-        let mut out = String::new();
-        let mut chars = inner.chars();
-        while let Some(c) = chars.next() {
-            if c == '\\' {
-                match chars.next() {
-                    Some(n @ ('\'' | '"' | '\\')) => out.push(n),
-                    Some(n) => {
-                        out.push('\\');
-                        out.push(n);
-                    }
-                    None => out.push('\\'),
-                }
-            } else {
-                out.push(c);
+
+    fn skip_spaces(&mut self) {
+        while let Some(c @ (' ' | '\t')) = self.peek() {
+            self.pos += c.len_utf8();
+        }
+    }
+
+    fn unexpected(&self) -> String {
+        match self.peek() {
+            Some(c) => format!("unexpected '{c}' in resolver arguments '{}'", self.text),
+            None => format!("resolver arguments '{}' end too soon", self.text),
+        }
+    }
+
+    /// Elements separated by `,`, up to `close` (not consumed) or the end.
+    fn sequence(&mut self, close: Option<char>) -> Result<Vec<Argument>, String> {
+        let mut items = Vec::new();
+        loop {
+            items.push(self.element(close)?);
+            self.skip_spaces();
+            match self.peek() {
+                Some(',') => self.pos += 1,
+                c if c == close => return Ok(items),
+                _ => return Err(self.unexpected()),
             }
         }
-        return Ok(Element::Text(out));
     }
+
+    fn element(&mut self, close: Option<char>) -> Result<Argument, String> {
+        self.skip_spaces();
+        match self.peek() {
+            Some('[') => {
+                self.pos += 1;
+                self.skip_spaces();
+                let items = if self.peek() == Some(']') {
+                    Vec::new()
+                } else {
+                    self.sequence(Some(']'))?
+                };
+                self.expect(']')?;
+                Ok(Argument::List(items))
+            }
+            Some('{') => self.mapping(),
+            Some(quote @ ('\'' | '"')) => {
+                let pieces = self.quoted(quote)?;
+                self.skip_spaces();
+                Ok(Argument::Quoted(pieces))
+            }
+            _ => self.primitive(close),
+        }
+    }
+
+    fn expect(&mut self, c: char) -> Result<(), String> {
+        if self.peek() == Some(c) {
+            self.pos += c.len_utf8();
+            Ok(())
+        } else {
+            Err(self.unexpected())
+        }
+    }
+
+    fn mapping(&mut self) -> Result<Argument, String> {
+        self.pos += 1;
+        let mut entries = Vec::new();
+        loop {
+            self.skip_spaces();
+            if self.peek() == Some('}') && entries.is_empty() {
+                break;
+            }
+            let start = self.pos;
+            while self
+                .peek()
+                .is_some_and(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
+            {
+                self.pos += 1;
+            }
+            let key = self.text[start..self.pos].to_owned();
+            if key.is_empty() {
+                return Err(self.unexpected());
+            }
+            self.skip_spaces();
+            self.expect(':')?;
+            let value = self.element(Some('}'))?;
+            entries.push((key, value));
+            self.skip_spaces();
+            match self.peek() {
+                Some(',') => self.pos += 1,
+                Some('}') => break,
+                _ => return Err(self.unexpected()),
+            }
+        }
+        self.expect('}')?;
+        Ok(Argument::Mapping(entries))
+    }
+
+    /// A quoted string: a run of backslashes before the quote stands for half as many, an odd
+    /// one escapes the quote; other backslashes are kept; interpolations inside are resolved.
+    fn quoted(&mut self, quote: char) -> Result<Vec<Piece>, String> {
+        self.pos += 1;
+        let bytes = self.text.as_bytes();
+        let mut pieces = Vec::new();
+        let mut literal = String::new();
+        while self.pos < bytes.len() {
+            let b = bytes[self.pos];
+            if b == b'\\' {
+                let run = bytes[self.pos..]
+                    .iter()
+                    .take_while(|&&b| b == b'\\')
+                    .count();
+                if bytes.get(self.pos + run) == Some(&(quote as u8)) {
+                    literal.extend(std::iter::repeat_n('\\', run / 2));
+                    self.pos += run;
+                    if run % 2 == 1 {
+                        literal.push(quote);
+                        self.pos += 1;
+                    }
+                } else {
+                    literal.extend(std::iter::repeat_n('\\', run));
+                    self.pos += run;
+                }
+                continue;
+            }
+            if b == quote as u8 {
+                self.pos += 1;
+                if !literal.is_empty() {
+                    pieces.push(Piece::Literal(literal));
+                }
+                return Ok(pieces);
+            }
+            if bytes[self.pos..].starts_with(b"${") {
+                self.interpolation(&mut pieces, &mut literal)?;
+                continue;
+            }
+            let c = self.peek().unwrap_or_default();
+            literal.push(c);
+            self.pos += c.len_utf8().max(1);
+        }
+        Err(format!("unterminated quoted argument in '{}'", self.text))
+    }
+
+    /// A nested `${...}` at the cursor, as a piece.
+    fn interpolation(
+        &mut self,
+        pieces: &mut Vec<Piece>,
+        literal: &mut String,
+    ) -> Result<(), String> {
+        let bytes = self.text.as_bytes();
+        let end = matching_brace(bytes, self.pos + 2)
+            .ok_or_else(|| format!("unterminated interpolation in '{}'", self.text))?;
+        if !literal.is_empty() {
+            pieces.push(Piece::Literal(std::mem::take(literal)));
+        }
+        let expression = parse_expression(&self.text[self.pos + 2..end])?;
+        pieces.push(Piece::Interpolation(Box::new(expression)));
+        self.pos = end + 1;
+        Ok(())
+    }
+
+    /// An unquoted argument, up to `,`, `close` or the end: typed when it is one number,
+    /// boolean or null token; text otherwise (trimmed; escapes and interpolations resolved).
+    fn primitive(&mut self, close: Option<char>) -> Result<Argument, String> {
+        let bytes = self.text.as_bytes();
+        let mut pieces = Vec::new();
+        let mut literal = String::new();
+        let mut plain = true;
+        while let Some(c) = self.peek() {
+            if c == ',' || Some(c) == close {
+                break;
+            }
+            if c == '\\'
+                && let Some(next) = self.text[self.pos + 1..].chars().next()
+                && ESCAPABLE.contains(next)
+            {
+                literal.push(next);
+                plain = false;
+                self.pos += 1 + next.len_utf8();
+                continue;
+            }
+            if bytes[self.pos..].starts_with(b"${") {
+                self.interpolation(&mut pieces, &mut literal)?;
+                plain = false;
+                continue;
+            }
+            if !unquoted_allowed(c) {
+                return Err(format!(
+                    "'{c}' is not allowed in an unquoted resolver argument ('{}'): quote the argument",
+                    self.text
+                ));
+            }
+            literal.push(c);
+            self.pos += c.len_utf8();
+        }
+        if !literal.is_empty() {
+            pieces.push(Piece::Literal(literal));
+        }
+        trim_pieces(&mut pieces);
+        if plain {
+            let text = match pieces.first() {
+                Some(Piece::Literal(t)) => t.as_str(),
+                _ => "",
+            };
+            if let Some(scalar) = typed_scalar(text)? {
+                return Ok(Argument::Typed(scalar));
+            }
+        }
+        Ok(Argument::Text(pieces))
+    }
+}
+
+/// Strips whitespace at both ends of an unquoted argument.
+fn trim_pieces(pieces: &mut Vec<Piece>) {
+    if let Some(Piece::Literal(first)) = pieces.first_mut() {
+        *first = first.trim_start().to_owned();
+    }
+    if let Some(Piece::Literal(last)) = pieces.last_mut() {
+        *last = last.trim_end().to_owned();
+    }
+    pieces.retain(|p| !matches!(p, Piece::Literal(t) if t.is_empty()));
+}
+
+/// The typed token an unquoted argument is, if it is one: null, a boolean, an int or a float.
+fn typed_scalar(text: &str) -> Result<Option<Scalar>, String> {
     if text.eq_ignore_ascii_case("null") {
-        return Ok(Element::Null);
+        return Ok(Some(Scalar::Null));
     }
     if text.eq_ignore_ascii_case("true") {
-        return Ok(Element::Bool(true));
+        return Ok(Some(Scalar::Bool(true)));
     }
     if text.eq_ignore_ascii_case("false") {
-        return Ok(Element::Bool(false));
+        return Ok(Some(Scalar::Bool(false)));
     }
     if INT_ELEMENT.is_match(text) {
         let digits: String = text.chars().filter(|&c| c != '_' && c != '+').collect();
@@ -560,7 +842,7 @@ fn parse_element(raw: &str) -> Result<Element, String> {
         } else {
             digits
         };
-        return Ok(Element::Int(digits));
+        return Ok(Some(Scalar::Int(digits)));
     }
     if FLOAT_ELEMENT.is_match(text) || INF_NAN_ELEMENT.is_match(text) {
         let cleaned: String = text.chars().filter(|&c| c != '_').collect();
@@ -568,36 +850,87 @@ fn parse_element(raw: &str) -> Result<Element, String> {
             .to_ascii_lowercase()
             .parse()
             .map_err(|_| format!("invalid number '{text}'"))?;
-        return Ok(Element::Float(value));
+        return Ok(Some(Scalar::Float(value)));
     }
-    Ok(Element::Text(text.to_owned()))
+    Ok(None)
 }
 
-/// Python's `str()` of a resolver argument.
-fn element_str(element: &Element) -> String {
-    match element {
-        Element::Null => "None".into(),
-        Element::Bool(true) => "True".into(),
-        Element::Bool(false) => "False".into(),
-        Element::Int(digits) => digits.clone(),
-        Element::Float(f) => python_float_str(*f),
-        Element::Text(t) => t.clone(),
-    }
+/// A resolved resolver argument (Python's view: a float may be non-finite, a list or mapping
+/// keeps its resolved items).
+#[derive(Debug, Clone)]
+enum Resolved {
+    Json(Value),
+    Float(f64),
+    List(Vec<Resolved>),
+    Mapping(Vec<(String, Resolved)>),
 }
 
-/// A resolver argument as a JSON value (`oc.select` returns it unconverted).
-fn element_value(element: &Element) -> Result<Value, String> {
-    Ok(match element {
-        Element::Null => Value::Null,
-        Element::Bool(b) => Value::Bool(*b),
-        Element::Int(digits) => Value::Number(
-            serde_json::from_str::<Number>(digits).map_err(|e| format!("invalid integer: {e}"))?,
-        ),
-        Element::Float(f) => {
-            Value::Number(Number::from_f64(*f).ok_or("a non-finite default has no JSON form")?)
+impl Resolved {
+    fn of_scalar(scalar: &Scalar) -> Self {
+        match scalar {
+            Scalar::Null => Self::Json(Value::Null),
+            Scalar::Bool(b) => Self::Json(Value::Bool(*b)),
+            Scalar::Int(digits) => serde_json::from_str::<Number>(digits)
+                .map(|n| Self::Json(Value::Number(n)))
+                .unwrap_or_else(|_| Self::Json(Value::String(digits.clone()))),
+            Scalar::Float(f) => Self::Float(*f),
         }
-        Element::Text(t) => Value::String(t.clone()),
-    })
+    }
+
+    /// Python's `str()` of the value.
+    fn python_str(&self) -> String {
+        match self {
+            Self::Json(value) => python_str(value),
+            Self::Float(f) => python_float_str(*f),
+            Self::List(_) | Self::Mapping(_) => self.python_repr(),
+        }
+    }
+
+    /// Python's `repr()` of the value.
+    fn python_repr(&self) -> String {
+        match self {
+            Self::Json(value) => python_repr(value),
+            Self::Float(f) => python_float_str(*f),
+            Self::List(items) => format!(
+                "[{}]",
+                items
+                    .iter()
+                    .map(Self::python_repr)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            Self::Mapping(entries) => format!(
+                "{{{}}}",
+                entries
+                    .iter()
+                    .map(|(k, v)| format!("{}: {}", python_string_repr(k), v.python_repr()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    /// The value as JSON (`oc.select` returns its default unconverted).
+    fn into_json(self) -> Result<Value, String> {
+        Ok(match self {
+            Self::Json(value) => value,
+            Self::Float(f) => {
+                Value::Number(Number::from_f64(f).ok_or("a non-finite default has no JSON form")?)
+            }
+            Self::List(items) => Value::Array(
+                items
+                    .into_iter()
+                    .map(Self::into_json)
+                    .collect::<Result<_, _>>()?,
+            ),
+            Self::Mapping(entries) => Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| Ok((k, v.into_json()?)))
+                    .collect::<Result<Map<String, Value>, String>>()?,
+            ),
+        })
+    }
 }
 
 fn python_float_str(f: f64) -> String {
@@ -610,13 +943,22 @@ fn python_float_str(f: f64) -> String {
     }
 }
 
-/// Python's `str()` of a resolved scalar; `None` for containers.
-fn python_str(value: &Value) -> Option<String> {
-    Some(match value {
+/// Python's `str()` of a resolved value (a mapping or list as its `repr()`, as OmegaConf puts
+/// it into a template).
+fn python_str(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => python_repr(other),
+    }
+}
+
+/// Python's `repr()` of a JSON value.
+fn python_repr(value: &Value) -> String {
+    match value {
         Value::Null => "None".into(),
         Value::Bool(true) => "True".into(),
         Value::Bool(false) => "False".into(),
-        Value::String(s) => s.clone(),
+        Value::String(s) => python_string_repr(s),
         Value::Number(n) => {
             let text = n.to_string();
             if text.bytes().any(|b| matches!(b, b'.' | b'e' | b'E')) {
@@ -627,6 +969,45 @@ fn python_str(value: &Value) -> Option<String> {
                 text
             }
         }
-        Value::Array(_) | Value::Object(_) => return None,
-    })
+        Value::Array(items) => format!(
+            "[{}]",
+            items.iter().map(python_repr).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Object(map) => format!(
+            "{{{}}}",
+            map.iter()
+                .map(|(k, v)| format!("{}: {}", python_string_repr(k), python_repr(v)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// Python's `repr()` of a string: single quotes unless it holds one and no double quote.
+fn python_string_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
 }

@@ -88,8 +88,29 @@ pub fn redact_string(s: &str) -> String {
         return format!("{} {REDACTED}", &c[1]);
     }
     URL_PASSWORD_RE
-        .replace_all(&text, format!("${{1}}:{REDACTED}@").as_str())
+        .replace_all(&text, |c: &Captures| redact_url(&c[0]))
         .into_owned()
+}
+
+/// A URL with its password (see [`URL_PASSWORD`]) redacted: `scheme://user:<redacted>@host...`.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(first_at) = authority.find('@') else {
+        return url.to_owned();
+    };
+    let Some(colon) = authority[..first_at].find(':') else {
+        return url.to_owned();
+    };
+    let last_at = rest.rfind('@').unwrap_or(first_at);
+    format!(
+        "{scheme}://{}:{REDACTED}@{}",
+        &rest[..colon],
+        &rest[last_at + 1..]
+    )
 }
 
 /// Whether a referenced name is a runtime (connection) setting: a top-level runtime option, or

@@ -129,8 +129,11 @@ pub const ENV_REFERENCE: &str = r"\$\{oc\.env:\s*([A-Za-z_][A-Za-z0-9_]*)[^{}]*\
 /// `_CONFIG_REFERENCE`: a configuration interpolation and its dotted path.
 pub const CONFIG_REFERENCE: &str = r"\$\{([A-Za-z_][\w.\-]*)\}";
 
-/// A URL with a password: scheme, user, then the password up to `@`.
-pub const URL_PASSWORD: &str = r"([A-Za-z][A-Za-z0-9+.\-]*://[^/?#@:\s]*):([^/?#@\s]+)@";
+/// A URL (scheme `://` and everything up to whitespace). It holds a password when its authority
+/// (up to the first `/`, `?` or `#`) has user information (`@`) with a `:`; the password then
+/// runs to the URL's last `@` (a password may hold `@` and `/` unencoded: `postgres://u:p@ss/word@h`
+/// hides `p@ss/word`; hiding too much is safe, showing a piece of a password is not).
+pub const URL_PASSWORD: &str = r"[A-Za-z][A-Za-z0-9+.\-]*://\S+";
 
 /// Runtime reference occurrences examined by `_normalize_runtime_references` (SRC-v2 pattern).
 pub const RUNTIME_REFERENCE: &str = r"\$\{([^{}]+)\}";

@@ -104,6 +104,8 @@ pub struct Classified {
 /// its classification, a few dozen bytes whatever the row's size.
 #[derive(Debug, Clone)]
 pub struct OutcomeRow {
+    /// Evidence, not an outcome: an omitted rollout's stand-in or an unrouted run error.
+    evidence: bool,
     identity: IdentityFacts,
     attempt: AttemptField,
     run_id: Option<Option<String>>,
@@ -145,6 +147,7 @@ impl OutcomeRow {
             reuse_cached_deliverable: facts.reuse_cached_deliverable.truthy(),
         };
         Ok(Some(Self {
+            evidence: facts.omitted_rollout.truthy() || facts.unrouted_run_error.truthy(),
             failure_terminal: facts.failure_terminal.truthy(),
             invalid_judge_response: row.invalid_judge_response.truthy(),
             migrated_invalid_judge: row.migrated_invalid_judge
@@ -367,6 +370,15 @@ impl RunIndex {
         self.positions.get(rollout_id).map(|p| *p as usize)
     }
 
+    /// Each rollout with a saved outcome and its newest attempt (a legacy import rebuilds the
+    /// reservations from these).
+    pub fn newest_attempts(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.expected
+            .iter()
+            .zip(&self.rollouts)
+            .filter_map(|(e, r)| r.newest.map(|n| (e.rollout_id.as_str(), n)))
+    }
+
     /// How many outcomes are indexed.
     pub fn outcome_count(&self) -> usize {
         self.outcomes.len() as usize
@@ -423,6 +435,11 @@ impl RunIndex {
         source: &mut dyn LineSource,
     ) -> Result<(), PlanError> {
         let line = at.line;
+        if row.evidence {
+            // `_ng_omitted_rollout` rows (and unrouted run errors) are evidence that no reader
+            // counts as a failure or an attempt (facts §14.4): skipped before anything else.
+            return Ok(());
+        }
         let legacy = self.legacy_import && row.run_id.is_none();
         let position = {
             let id = row.identity.logical_id(&mut self.id_buffer)?;
@@ -596,7 +613,12 @@ impl RunIndex {
     ) {
         let classified = &row.classified;
         let rollout = &mut self.rollouts[position];
-        let counts_now = artifact != Artifact::Failures || at.line > self.options.resubmit_offset;
+        // A resubmit resets every counted failure, masked infrastructure results included.
+        let counts_now = at.line
+            > match artifact {
+                Artifact::Failures => self.options.resubmit_offset,
+                Artifact::Results => self.options.resubmit_results_offset,
+            };
         if counts_now && failure_class.is_some() && !classified.not_sent {
             if !classified.terminal {
                 rollout.counted += 1;

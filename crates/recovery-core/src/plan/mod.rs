@@ -137,10 +137,12 @@ pub fn classify_facts(
         RowVerdict::Retry
     } else if masked_kept_answer_kind.is_some() {
         RowVerdict::NeedsApproval
+    } else if row.is_judge_failure() && row.has_saved_generation() {
+        // A judge failure on a saved answer is re-judged, masked or not (facts §16): the
+        // masked-regrade kinds are graded again from the answer, never kept as a dead end.
+        RowVerdict::Rejudge
     } else if row.mask_sample.truthy() {
         RowVerdict::KeepMasked
-    } else if row.is_judge_failure() && row.has_saved_generation() {
-        RowVerdict::Rejudge
     } else {
         RowVerdict::Keep
     };
@@ -270,6 +272,9 @@ impl std::fmt::Display for Artifact {
 pub struct IndexOptions {
     /// Sidecar lines up to this 1-based line number no longer count toward the budget.
     pub resubmit_offset: u64,
+    /// Results-file lines up to this 1-based line number no longer count either (masked
+    /// infrastructure results saved before the last resubmit).
+    pub resubmit_results_offset: u64,
 }
 
 /// What changes a run's attempt cap.
@@ -381,6 +386,76 @@ impl Coverage {
         ));
         error.made_progress = self.successful > 0;
         Err(error)
+    }
+}
+
+/// How a run stands at the collector's completion check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Every rollout has its final result.
+    Complete,
+    /// The only gaps are intentional omissions beside completed rollouts
+    /// (`has_only_intentional_gaps`).
+    OnlyIntentionalGaps { omitted: u64 },
+}
+
+/// The collector's completion check over a plan's states: complete when every rollout has its
+/// final result (`scored` or `model_final`), accepted when the only gaps are omissions beside
+/// completed rollouts (`has_only_intentional_gaps`), else an [`IncompleteEvaluationError`]
+/// whose exit code is 75 (progress, a resume can go on), 1 (no progress) or 76 (nothing a
+/// resume can run: terminal, exhausted, masked or awaiting an operator), and whose message
+/// counts what is not complete.
+///
+/// [`IncompleteEvaluationError`]: crate::errors::IncompleteEvaluationError
+pub fn completion(
+    state_counts: &BTreeMap<PlanState, u64>,
+) -> Result<Completion, crate::errors::IncompleteEvaluationError> {
+    let count = |state| state_counts.get(&state).copied().unwrap_or(0);
+    let expected: u64 = state_counts.values().sum();
+    let completed = count(PlanState::Scored) + count(PlanState::ModelFinal);
+    let omitted = count(PlanState::Omitted);
+    if completed == expected {
+        return Ok(Completion::Complete);
+    }
+    if p::has_only_intentional_gaps(expected, completed, omitted) {
+        return Ok(Completion::OnlyIntentionalGaps { omitted });
+    }
+    let runnable = [
+        PlanState::Missing,
+        PlanState::Retryable,
+        PlanState::ApprovedRerun,
+        PlanState::JudgeRecoverable,
+    ];
+    let gaps: Vec<String> = state_counts
+        .iter()
+        .filter(|(state, n)| **n > 0 && !matches!(state, PlanState::Scored | PlanState::ModelFinal))
+        .map(|(state, n)| format!("{n} {}", state.label()))
+        .collect();
+    let mut error = crate::errors::IncompleteEvaluationError::new(format!(
+        "{completed}/{expected} samples completed ({}); saved partial results are valid and a resume continues them.",
+        gaps.join(", ")
+    ));
+    error.retryable = runnable.iter().any(|state| count(*state) > 0);
+    error.made_progress = completed > 0;
+    Err(error)
+}
+
+impl PlanState {
+    /// The state's name as the API spells it, for messages.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Scored => "scored",
+            Self::ModelFinal => "model_final",
+            Self::JudgeRecoverable => "judge_recoverable",
+            Self::Retryable => "retryable",
+            Self::Exhausted => "exhausted",
+            Self::Terminal => "terminal",
+            Self::Missing => "missing",
+            Self::Masked => "masked",
+            Self::Omitted => "omitted",
+            Self::AwaitingApproval => "awaiting_approval",
+            Self::ApprovedRerun => "approved_rerun",
+        }
     }
 }
 

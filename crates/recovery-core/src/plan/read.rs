@@ -100,6 +100,42 @@ fn io_error<E: std::error::Error>(path: &str, e: PipelineError<E>) -> Result<Jso
     }
 }
 
+/// One chunk of a materialized-inputs file: its rows' identities, its line count, and the first
+/// bad line.
+struct Inventory {
+    rows: Vec<IdentityFacts>,
+    lines: u64,
+    problem: Option<(u64, Problem)>,
+}
+
+/// A chunk read as the collector reads its rows (and as their digest is taken): Python's text
+/// mode lines, Python-blank lines skipped, every other line a JSON object.
+fn parse_inventory_chunk(chunk: &[u8]) -> Inventory {
+    let mut parsed = Inventory {
+        rows: Vec::new(),
+        lines: 0,
+        problem: None,
+    };
+    for line in crate::materialized::universal_lines(chunk) {
+        parsed.lines += 1;
+        if crate::materialized::is_blank_line(line) {
+            continue;
+        }
+        match IdentityFacts::from_line(line) {
+            Ok(Some(facts)) => parsed.rows.push(facts),
+            Ok(None) => {
+                parsed.problem = Some((parsed.lines, Problem::NotAnObject));
+                return parsed;
+            }
+            Err(message) => {
+                parsed.problem = Some((parsed.lines, Problem::Malformed(message)));
+                return parsed;
+            }
+        }
+    }
+    parsed
+}
+
 /// The identity fields of every row of a materialized-inputs file, in file order.
 pub fn read_inventory(
     reader: impl Read + Send,
@@ -111,15 +147,15 @@ pub fn read_inventory(
     let result = process_ordered(
         reader,
         threads,
-        LineEnds::Newline,
+        LineEnds::Universal,
         || (),
-        |(), chunk| parse_chunk(chunk, IdentityFacts::from_line),
-        |parsed: Parsed<IdentityFacts>| {
+        |(), chunk| parse_inventory_chunk(chunk),
+        |parsed: Inventory| {
             if let Some((line, problem)) = parsed.problem {
                 return Err(problem_error(path, lines + line, problem));
             }
-            rows.extend(parsed.records.into_iter().map(|(_, _, _, facts)| facts));
-            lines += parsed.terminated_lines;
+            rows.extend(parsed.rows);
+            lines += parsed.lines;
             Ok(())
         },
     );

@@ -9,7 +9,13 @@ fn differing_keys_report_dotted_paths_lists_as_one_value_and_one_sided_keys() {
     let current = json!({"collection": {"limit": 1, "p": {"t": 0.8}}, "servers": {"a": {"x": [1, 3], "y": 1.0, "new": null}}});
     assert_eq!(
         differing_keys(&saved, &current),
-        vec!["collection.p.t", "gone", "servers.a.new", "servers.a.x"]
+        vec![
+            "collection.p.t",
+            "gone",
+            "servers.a.new",
+            "servers.a.x",
+            "servers.a.y"
+        ]
     );
 }
 
@@ -143,4 +149,83 @@ fn operators_extend_the_lists_in_service_configuration() {
     let drift = policy.classify_all(&["b.timeout".into(), "a.limit".into(), "a.port".into()]);
     assert_eq!(drift.operational, vec!["a.port", "b.timeout"]);
     assert_eq!(drift.semantic.len(), 1);
+}
+
+/// Issue 9, item 11: keys differ exactly as their canonical forms do (decisions §5): `30` and
+/// `30.0` differ, so a changed digest always names a key, classified like any other change.
+#[test]
+fn item_11_differing_keys_are_type_exact() {
+    let saved =
+        json!({"collection": {"request_timeout_s": 30, "flag": true, "same": [1, {"a": 2.5}]}});
+    let current =
+        json!({"collection": {"request_timeout_s": 30.0, "flag": 1, "same": [1, {"a": 2.50}]}});
+    assert_eq!(
+        differing_keys(&saved, &current),
+        ["collection.flag", "collection.request_timeout_s"]
+    );
+    let drift = DriftPolicy::default().classify_all(&differing_keys(&saved, &current));
+    assert_eq!(drift.operational, ["collection.request_timeout_s"]);
+}
+
+/// Issue 9, item 12 (decisions §5, rules 0 and 1): a path that names what a run reads (model
+/// weights, tokenizer, data, references) is semantic; paths of what it writes or caches stay
+/// operational; a whole key an operator declares takes that class before every rule.
+#[test]
+fn item_12_paths_of_what_a_run_reads_are_semantic() {
+    let policy = DriftPolicy::default();
+    let read_path =
+        |segment: &str| KeyClass::Semantic(SemanticReason::ReadPath(segment.to_owned()));
+    for (key, class) in [
+        (
+            "servers.policy.responses_api_models.vllm_model.model_path",
+            read_path("model_path"),
+        ),
+        (
+            "servers.math.resources_servers.math_with_judge.data_dir",
+            read_path("data_dir"),
+        ),
+        (
+            "servers.p.responses_api_models.vllm_model.tokenizer_dir",
+            read_path("tokenizer_dir"),
+        ),
+        (
+            "servers.j.resources_servers.x.reference_files",
+            read_path("reference_files"),
+        ),
+        (
+            "servers.a.responses_api_agents.b.lora_adapter_path",
+            read_path("lora_adapter_path"),
+        ),
+        (
+            "servers.a.responses_api_agents.b.log_dir",
+            KeyClass::Operational,
+        ),
+        (
+            "servers.a.responses_api_agents.b.cache_dir",
+            KeyClass::Operational,
+        ),
+        ("collection.output_dir", KeyClass::Operational),
+        (
+            "servers.a.responses_api_agents.b.path",
+            KeyClass::Operational,
+        ),
+    ] {
+        assert_eq!(policy.classify(key), class, "{key}");
+    }
+    let declared = DriftPolicy::extended(
+        ["servers.a.responses_api_agents.b.log_dir".to_owned()],
+        [],
+        ["servers.math.resources_servers.math_with_judge.data_dir".to_owned()],
+    );
+    assert_eq!(
+        declared.classify("servers.a.responses_api_agents.b.log_dir"),
+        KeyClass::Semantic(SemanticReason::DeclaredKey(
+            "servers.a.responses_api_agents.b.log_dir".into()
+        ))
+    );
+    assert_eq!(
+        declared.classify("servers.math.resources_servers.math_with_judge.data_dir"),
+        KeyClass::Operational,
+        "an operator's declaration comes first"
+    );
 }

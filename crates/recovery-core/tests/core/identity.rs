@@ -903,7 +903,7 @@ fn the_interpolation_subset_resolves_like_omegaconf_and_refuses_the_rest() {
         "${missing.key}",
         "${x",
         "${oc.env:A,b,c}",
-        "v${math_agent}",
+        "${oc.env:A,a=b}",
     ] {
         let global = set(base_global(), &format!("{JUDGE}.bad"), json!(bad));
         let error = compute(&base_config(), &global, &base_rows(), &json!({})).expect_err(bad);
@@ -924,4 +924,68 @@ fn the_interpolation_subset_resolves_like_omegaconf_and_refuses_the_rest() {
             .kind(),
         "interpolation"
     );
+}
+
+/// Issue 9, item 6: a credential-named mapping that an interpolation elsewhere references is
+/// redacted and the reference resolves to the marker (not a missing key); a URL password holding
+/// `@` and `/` is hidden whole; a credential read from the environment is never needed.
+#[test]
+fn item_6_redaction_resolves_references_to_secrets_hides_whole_passwords_and_needs_no_secret() {
+    let global = set(
+        set(
+            set(
+                base_global(),
+                "secrets",
+                json!({"openai": "sk-live-OPENAI", "nested": {"e2b": "e2b-live-KEY"}}),
+            ),
+            &format!("{JUDGE}.auth"),
+            json!("${secrets.openai}"),
+        ),
+        &format!("{JUDGE}.sandbox_auth"),
+        json!("Token ${secrets.nested.e2b}"),
+    );
+    let global = set(
+        global,
+        &format!("{JUDGE}.mirror"),
+        json!("postgres://u:p@ss/word@h:5432/db"),
+    );
+    let identity = compute(&base_config(), &global, &base_rows(), &json!({}))
+        .expect("a referenced secrets mapping resolves");
+    let judge =
+        &identity.identity["servers"]["math_resources"]["resources_servers"]["math_with_judge"];
+    assert_eq!(judge["auth"], "<redacted>");
+    assert_eq!(judge["sandbox_auth"], "Token <redacted>");
+    assert_eq!(judge["mirror"], "postgres://u:<redacted>@h:5432/db");
+    let text = identity.identity.to_string();
+    for secret in ["sk-live-OPENAI", "e2b-live-KEY", "p@ss", "ss/word"] {
+        assert!(!text.contains(secret), "{secret} leaked into {text}");
+    }
+    // A URL without a password keeps its port and query.
+    assert_eq!(
+        recovery_core::identity::redaction::redact_string("https://host:8080/p?u=a@b"),
+        "https://host:8080/p?u=a@b"
+    );
+    // An environment credential is redacted before interpolation: the same identity whether or
+    // not the collector sends it.
+    let with_env_reference = set(
+        base_global(),
+        &format!("{JUDGE}.sandbox_key_ref"),
+        json!("${oc.env:E2B_API_KEY}"),
+    );
+    let without = compute(
+        &base_config(),
+        &with_env_reference,
+        &base_rows(),
+        &json!({}),
+    )
+    .expect("no secret needed");
+    let with = compute(
+        &base_config(),
+        &with_env_reference,
+        &base_rows(),
+        &json!({"E2B_API_KEY": "e2b-live-KEY"}),
+    )
+    .expect("identity");
+    assert_eq!(with.config_digest, without.config_digest);
+    assert!(!with.identity.to_string().contains("e2b-live-KEY"));
 }

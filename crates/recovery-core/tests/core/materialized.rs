@@ -150,3 +150,50 @@ fn a_read_error_is_reported_not_swallowed() {
         }
     }
 }
+
+/// Issue 9, item 13: a rows file whose lines Python's `str.strip()` treats as blank (`\x0b`,
+/// `\xa0`, `\x85`, U+2003, `\x1c`) is read the same way by every reader of materialized inputs
+/// (the rows a create and a validate see, the server selection, the plan's inventory) as by its
+/// digest and by the collector (CPython is the oracle).
+#[test]
+fn item_13_python_blank_lines_are_skipped_by_every_reader_of_the_rows() {
+    let rows = [
+        "{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0, \"agent_ref\": {\"name\": \"a\"}}",
+        "{\"_ng_task_index\": 1, \"_ng_rollout_index\": 0, \"agent_ref\": {\"name\": \"b\"}}",
+        "{\"_ng_task_index\": 2, \"_ng_rollout_index\": 0}",
+    ];
+    let text = format!(
+        "{}\n\u{0b}\n\u{a0}\n{}\r\n\u{85}\n \u{2003} \n\u{1c}\n\r{}\n\t\n",
+        rows[0], rows[1], rows[2]
+    );
+    let bytes = text.as_bytes();
+    let python_rows: usize = String::from_utf8(python(
+        "import sys\nprint(sum(1 for l in open('/dev/stdin', encoding='utf-8') if l.strip()))",
+        bytes,
+    ))
+    .expect("utf8")
+    .trim()
+    .parse()
+    .expect("count");
+    assert_eq!(python_rows, 3);
+    let read = recovery_core::rows::read_materialized(bytes, "rows").expect("the rows");
+    assert_eq!(read.len(), python_rows);
+    let inventory = recovery_core::plan::read_inventory(bytes, "rows", 2).expect("inventory");
+    assert_eq!(inventory.len(), python_rows);
+    let mut references = recovery_core::identity::RowReferences::default();
+    recovery_core::rows::scan_materialized::<std::convert::Infallible>(bytes, "rows", |_, row| {
+        references.add_row(&row);
+        Ok(())
+    })
+    .expect("scan");
+    assert_eq!(
+        references,
+        recovery_core::identity::RowReferences::from_rows(&read)
+    );
+    assert_eq!(
+        materialized_digest(Cursor::new(bytes), 2)
+            .expect("digest")
+            .sha256,
+        python_digest(bytes)
+    );
+}

@@ -20,6 +20,7 @@ struct Run {
     failures: Vec<Value>,
     results: Vec<Value>,
     offset: u64,
+    results_offset: u64,
 }
 
 impl Run {
@@ -33,6 +34,7 @@ impl Run {
             failures: vec![],
             results: vec![],
             offset: 0,
+            results_offset: 0,
         }
     }
 
@@ -88,6 +90,7 @@ impl Run {
             ClassificationPolicy::default(),
             IndexOptions {
                 resubmit_offset: self.offset,
+                resubmit_results_offset: self.results_offset,
             },
         )?;
         let reservations = index.reservations(&self.manifest)?;
@@ -744,5 +747,141 @@ fn inventory_problems_are_refused() {
             .expect_err("no id")
             .to_string()
             .contains("requires a rollout id")
+    );
+}
+
+// --- issue 9: the seed's semantics where they were decided differently -----------------------
+
+/// Item 2: `_ng_omitted_rollout` stand-ins and `_ng_unrouted_run_error` rows are evidence (facts
+/// §14.4): no reader counts them as a failure or an attempt, so they neither fail the plan for
+/// lacking a reservation nor become a rollout's latest attempt.
+#[test]
+fn item_2_evidence_rows_are_skipped_before_the_latest_attempt_is_picked() {
+    let mut run = Run::new(3).result(0, 0, scored());
+    let stand_in = |task: i64, extra: Value| {
+        merge(
+            json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_run_id": RUN, "_ng_failure_class": "skipped", "_ng_failure_terminal": true, "_ng_omitted_rollout": true}),
+            extra,
+        )
+    };
+    // A never-started rollout's stand-in: no attempt was reserved for it.
+    run.failures.push(stand_in(1, json!({})));
+    // An unrouted run error for an attempt of task 0 that was never reserved either.
+    run.failures.push(stand_in(
+        0,
+        json!({"_ng_attempt_index": 1, "_ng_unrouted_run_error": "agent /run failed", "_ng_failure_class": "agent_run_error", "_ng_failure_terminal": false}),
+    ));
+    let plan = run.default_plan();
+    assert_eq!(
+        states(&plan),
+        [PlanState::Scored, PlanState::Missing, PlanState::Missing]
+    );
+    assert_eq!(plan.entries[0].latest_attempt, Some(0));
+    assert_eq!(
+        (
+            plan.coverage.attempts,
+            plan.coverage.counted_failures,
+            plan.coverage.failed
+        ),
+        (1, 0, 0)
+    );
+}
+
+/// Item 3: a resubmit resets every counted failure, masked infrastructure results (saved in
+/// the results file) included.
+#[test]
+fn item_3_a_resubmit_resets_masked_infrastructure_results_too() {
+    let masked = json!({"mask_sample": true, "reward": 0.0, "failure_kind": "verifier_error"});
+    let mut run = Run::new(1)
+        .cap(3)
+        .result(0, 0, masked.clone())
+        .result(0, 1, masked.clone())
+        .result(0, 2, masked);
+    assert_eq!(run.default_plan().entries[0].state, PlanState::Exhausted);
+    // The resubmit records both files' line counts.
+    run.offset = run.failures.len() as u64;
+    run.results_offset = run.results.len() as u64;
+    let plan = run.default_plan();
+    assert_eq!(
+        (
+            plan.entries[0].state,
+            plan.entries[0].counted_failures,
+            plan.entries[0].next_attempt
+        ),
+        (PlanState::Retryable, 0, Some(3))
+    );
+}
+
+/// Item 7: `has_only_intentional_gaps` decides completion: omissions are accepted only beside
+/// completed rollouts, and a masked result is not a completed one (the message counts it).
+#[test]
+fn item_7_completion_follows_has_only_intentional_gaps_and_never_counts_masked_as_completed() {
+    use recovery_core::plan::{Completion, completion};
+    let omitted =
+        json!({"_ng_failure_class": "skipped", "_ng_failure_terminal": true, "_ng_omitted": true});
+    let only_omitted = Run::new(2)
+        .failure(0, 0, omitted.clone())
+        .failure(1, 0, omitted.clone())
+        .default_plan();
+    let error = completion(&only_omitted.state_counts()).expect_err("nothing completed");
+    assert_eq!(error.exit_code(), 76, "{error}");
+    assert!(
+        error.message.starts_with("0/2 samples completed"),
+        "{error}"
+    );
+    let beside = Run::new(2)
+        .result(0, 0, scored())
+        .failure(1, 0, omitted)
+        .default_plan();
+    assert_eq!(
+        completion(&beside.state_counts()).expect("accepted"),
+        Completion::OnlyIntentionalGaps { omitted: 1 }
+    );
+    let masked = Run::new(2)
+        .result(0, 0, scored())
+        .result(1, 0, json!({"mask_sample": true, "reward": 0.0}))
+        .default_plan();
+    let error = completion(&masked.state_counts()).expect_err("a masked result");
+    assert_eq!(error.exit_code(), 76);
+    assert!(
+        error
+            .message
+            .starts_with("1/2 samples completed (1 masked)"),
+        "{error}"
+    );
+    let runnable = Run::new(2).result(0, 0, scored()).default_plan();
+    assert_eq!(
+        completion(&runnable.state_counts())
+            .expect_err("one to run")
+            .exit_code(),
+        75
+    );
+}
+
+/// Item 8: a masked `judge_*` result that kept its answer is re-judged (facts §16:
+/// `judge_recoverable`), not kept as the dead end `masked`.
+#[test]
+fn item_8_masked_judge_failures_that_kept_an_answer_are_judge_recoverable() {
+    for kind in ["judge_failed", "judge_unparseable"] {
+        let plan = Run::new(1)
+            .result(
+                0,
+                0,
+                json!({"mask_sample": true, "reward": 0.0, "failure_kind": kind, "response": {"output": [{"type": "message"}], "status": "completed"}}),
+            )
+            .default_plan();
+        assert_eq!(plan.entries[0].state, PlanState::JudgeRecoverable, "{kind}");
+    }
+    let no_answer = Run::new(1)
+        .result(
+            0,
+            0,
+            json!({"mask_sample": true, "reward": 0.0, "failure_kind": "judge_failed"}),
+        )
+        .default_plan();
+    assert_eq!(
+        no_answer.entries[0].state,
+        PlanState::Masked,
+        "nothing to re-judge"
     );
 }

@@ -71,12 +71,15 @@ impl Run {
         let rows: String = (0..ROLLOUTS)
             .map(|t| format!("{{\"_ng_task_index\":{t},\"_ng_rollout_index\":0,\"q\":\"{t}?\"}}\n"))
             .collect();
-        std::fs::write(&paths.materialized, rows).expect("inventory");
+        std::fs::write(&paths.materialized, &rows).expect("inventory");
+        let digest = recovery_core::materialized::materialized_digest(rows.as_bytes(), 1)
+            .expect("digest")
+            .sha256;
         std::fs::write(&paths.output, "").expect("output");
         std::fs::write(&paths.failures, "").expect("failures");
         let run = Self {
             paths,
-            manifest: RunManifest::create(RUN, "s", "m", "c", Some(3)),
+            manifest: RunManifest::create(RUN, "s", digest, "c", Some(3)),
             last: std::collections::HashMap::new(),
         };
         run.write_manifest();

@@ -246,11 +246,49 @@ pub struct PlanResponse {
     pub coverage: Coverage,
     pub budget_message: Option<String>,
     pub warnings: Vec<String>,
+    /// The collector's completion check over the whole run.
+    pub completion: PlanCompletion,
     /// This page's rollouts: state, reason, latest and next attempt.
     #[schema(value_type = Vec<Object>)]
     pub entries: Vec<PlanEntry>,
     /// Pass as `cursor` for the next page; absent on the last one.
     pub next_cursor: Option<String>,
+}
+
+/// The collector's completion check (`IncompleteEvaluationError`): complete when every rollout
+/// has its final result or the only gaps are intentional omissions beside completed ones.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PlanCompletion {
+    pub complete: bool,
+    /// What a collector exits with: 0 complete, 75 progress that a resume continues, 1 no
+    /// progress, 76 nothing a resume can run.
+    pub exit_code: i32,
+    /// Why the run is not complete (or what was accepted).
+    pub message: Option<String>,
+}
+
+impl PlanCompletion {
+    fn of(state_counts: &BTreeMap<PlanState, u64>) -> Self {
+        match recovery_core::plan::completion(state_counts) {
+            Ok(recovery_core::plan::Completion::Complete) => Self {
+                complete: true,
+                exit_code: 0,
+                message: None,
+            },
+            Ok(recovery_core::plan::Completion::OnlyIntentionalGaps { omitted }) => Self {
+                complete: true,
+                exit_code: 0,
+                message: Some(format!(
+                    "{omitted} rollout(s) intentionally omitted beside completed ones"
+                )),
+            },
+            Err(error) => Self {
+                complete: false,
+                exit_code: error.exit_code(),
+                message: Some(error.message),
+            },
+        }
+    }
 }
 
 /// The resume plan: counts per state and coverage over the whole run, and the rollouts paged
@@ -297,6 +335,7 @@ pub async fn plan(
                 PlanResponse {
                     entries: positions.into_iter().map(|p| view.entry(p)).collect(),
                     next_cursor,
+                    completion: PlanCompletion::of(&summary.state_counts),
                     run_id: summary.run_id,
                     cap: summary.cap,
                     state_counts: summary.state_counts,

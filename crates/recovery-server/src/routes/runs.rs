@@ -67,12 +67,17 @@ pub struct RunCreated {
     pub replaced: Vec<String>,
 }
 
-fn confined_file(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
-    let resolved = state
+/// A path confined under the roots (it may not exist).
+fn confined_path(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
+    state
         .registry
         .confinement()
         .resolve(std::path::Path::new(path))
-        .map_err(|e| ApiError::new(ErrorCode::PathRefused, format!("{field}: {e}")))?;
+        .map_err(|e| ApiError::new(ErrorCode::PathRefused, format!("{field}: {e}")))
+}
+
+fn confined_file(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
+    let resolved = confined_path(state, path, field)?;
     if !resolved.is_file() {
         return Err(ApiError::invalid(format!(
             "{field}: {} is not a readable file",
@@ -273,7 +278,9 @@ async fn validate_inner(
         config: request.config.clone(),
         global_config: request.global_config.clone(),
         environment: request.environment.clone(),
-        source: confined_file(state, &request.source_path, "source_path")?,
+        // A source that is gone is the decision's to answer (refused, or overridden with
+        // allow_unsafe: facts §17 scenario 31).
+        source: confined_path(state, &request.source_path, "source_path")?,
         rows: request.rows.clone(),
         allow_unsafe: request.allow_unsafe,
     };
@@ -439,7 +446,9 @@ pub async fn get_run(
     let (manifest, extension) = state
         .blocking(move || {
             let manifest = runfiles::read_manifest(&work_paths.manifest);
-            let extension = runfiles::budget_inputs(&work_paths).ok().map(|(e, _, _)| e);
+            let extension = runfiles::budget_inputs(&work_paths)
+                .ok()
+                .map(|b| b.extension);
             Ok((manifest, extension))
         })
         .await?;
