@@ -1536,7 +1536,7 @@ async fn an_approval_is_used_by_the_attempt_reserved_for_it_and_cannot_be_revoke
 /// and changes nothing; with `allow_unsafe` it resumes as overridden (the saved outcomes
 /// reused, the identity unverified from then on).
 #[tokio::test]
-async fn item_1_a_deleted_source_refuses_and_resumes_overridden_with_allow_unsafe() {
+async fn item_1_scenario_31_a_deleted_source_refuses_and_resumes_overridden_with_allow_unsafe() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
     std::fs::remove_file(app.source()).expect("delete the dataset");
@@ -1594,7 +1594,8 @@ async fn reserve_one(app: &TestApp, run_id: &str, lease: &str) -> Reply {
 /// refuse a run whose materialized inputs no longer match its manifest, that has a draft
 /// journal of an older collector beside it, or whose output is gone while its sidecars remain.
 #[tokio::test]
-async fn item_4_load_time_checks_refuse_plan_reserve_and_validate_of_inconsistent_files() {
+async fn item_4_scenario_30_load_time_checks_refuse_plan_reserve_and_validate_of_inconsistent_files()
+ {
     let app = TestApp::new().await;
     let run_id = app.create().await;
     let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]

@@ -1418,3 +1418,43 @@ async fn heavy_work_whose_caller_went_away_never_starts() {
     heavy.run(|_| Ok(())).await.expect("a later job runs");
     assert!(!ran.load(std::sync::atomic::Ordering::SeqCst));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_unsafe_resumes_of_outcomes_without_a_manifest_import_them_once() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::remove_file(&paths.manifest).expect("the manifest is lost");
+    std::fs::write(
+        &paths.output,
+        b"{\"_ng_task_index\": 1, \"_ng_rollout_index\": 0, \"reward\": 1.0, \"response\": {\"status\": \"completed\"}}\n",
+    )
+    .expect("legacy results");
+    let mut body = app.validate_body(0.3, 8000);
+    body["allow_unsafe"] = json!(true);
+    let uri = format!("/runs/{run_id}/validate");
+    let replies = all_at_once(
+        &app,
+        (0..8)
+            .map(|_| (Method::POST, uri.clone(), COLLECTOR, body.clone()))
+            .collect(),
+    )
+    .await;
+    let outcomes: BTreeMap<String, usize> =
+        replies.iter().fold(BTreeMap::new(), |mut counts, reply| {
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            *counts
+                .entry(reply.body["outcome"].as_str().expect("outcome").to_owned())
+                .or_default() += 1;
+            counts
+        });
+    // One import; every later resume finds the legacy manifest and overrides it (sticky).
+    assert_eq!(
+        outcomes,
+        BTreeMap::from([("import_legacy".into(), 1), ("overridden".into(), 7)])
+    );
+    let manifest = saved_manifest(&app);
+    assert!(manifest.legacy_import && manifest.identity_overridden);
+    assert_eq!(manifest.run_id, run_id);
+    assert_eq!(manifest.next_attempt.get("1-0"), Some(&1));
+}
