@@ -865,6 +865,38 @@ fn write_escaped(s: &[u8], out: &mut Vec<u8>) {
     }
     out.extend_from_slice(&s[start..]);
 }
+/// Refuses text nested deeper than [`MAX_DEPTH`] before any parser recurses into it: one pass
+/// over the bytes counting brackets outside strings (a string's `\"` never ends it). Text that
+/// is not JSON passes here and is refused by the parser that follows, with its own message.
+pub fn check_depth(text: &[u8]) -> Result<(), CanonicalError> {
+    let mut depth = 0usize;
+    let mut in_string = false;
+    let mut escaped = false;
+    for (offset, &byte) in text.iter().enumerate() {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(CanonicalError::TooDeep { offset });
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Parses JSON text into a [`Value`] accepting what CPython's `json.loads` accepts within the
 /// documented limits (depth up to [`MAX_DEPTH`], where serde_json alone stops at 128). Numbers keep
 /// their text, duplicate keys keep the last value.

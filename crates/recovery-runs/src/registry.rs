@@ -186,7 +186,9 @@ impl Registry {
 
     /// The companions of a requested output path, confined under the roots.
     pub fn paths_for(&self, output: &Path) -> Result<SidecarPaths, RegistryError> {
-        Ok(SidecarPaths::for_output(&self.confinement.resolve(output)?))
+        let paths = SidecarPaths::for_output(&self.confinement.resolve(output)?);
+        paths.check_names()?;
+        Ok(paths)
     }
 
     /// Publishes the saved identity (when given) and then the manifest, each atomically, then

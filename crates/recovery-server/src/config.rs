@@ -25,6 +25,15 @@ pub enum Role {
 }
 
 impl Role {
+    /// The role's name as tokens spell it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Viewer => "viewer",
+            Self::Collector => "collector",
+            Self::Operator => "operator",
+        }
+    }
+
     pub fn parse(text: &str) -> Option<Self> {
         match text {
             "viewer" => Some(Self::Viewer),
@@ -207,10 +216,11 @@ impl Caller {
             Err(ApiError::new(
                 ErrorCode::Forbidden,
                 format!(
-                    "this needs the {role:?} role; {} is a {:?}",
-                    self.name, self.role
-                )
-                .to_lowercase(),
+                    "this needs the {} role; {} is a {}",
+                    role.label(),
+                    self.name,
+                    self.role.label()
+                ),
             ))
         }
     }

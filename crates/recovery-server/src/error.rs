@@ -54,6 +54,12 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// The request body exceeds the configured limit.
     PayloadTooLarge,
+    /// The request target (path and query) is longer than the service reads.
+    UriTooLong,
+    /// The request's headers are larger than the service reads.
+    HeadersTooLarge,
+    /// The request took longer than the service's request timeout (RR_REQUEST_TIMEOUT_SECS).
+    RequestTimeout,
     /// Too much heavy work (hashing, planning, classifying) is queued: retry after the
     /// `Retry-After` seconds.
     Overloaded,
@@ -82,6 +88,9 @@ impl ErrorCode {
             Self::RunLocked => StatusCode::LOCKED,
             Self::LeaseNotHeld => StatusCode::CONFLICT,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UriTooLong => StatusCode::URI_TOO_LONG,
+            Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -270,9 +279,7 @@ impl From<recovery_runs::OpError> for ApiError {
 impl From<recovery_runs::RunLockError> for ApiError {
     fn from(error: recovery_runs::RunLockError) -> Self {
         match error {
-            recovery_runs::RunLockError::Locked(e) => {
-                Self::new(ErrorCode::RunLocked, e.to_string())
-            }
+            recovery_runs::RunLockError::Locked(e) => lock_error(e),
             other => Self::internal("locking the run", other),
         }
     }
@@ -287,10 +294,23 @@ impl From<recovery_runs::LeaseError> for ApiError {
                 format!("run {} is held by {}", lease.run_id, lease.holder),
             )
             .with_details(serde_json::json!({"holder": lease_holder(&lease)})),
-            LeaseError::Locked(e) => Self::new(ErrorCode::RunLocked, e.to_string()),
+            LeaseError::Locked(e) => lock_error(e),
             LeaseError::NotHolder { .. } => Self::new(ErrorCode::LeaseNotHeld, error.to_string()),
             LeaseError::Store(e) => e.into(),
             LeaseError::Join(_) => Self::internal("the lease", error),
+        }
+    }
+}
+
+/// Another process holding the `flock` is `run_locked` (a client waits and retries); a lock
+/// file that cannot be opened at all is the service's failure, never a lock to wait for.
+fn lock_error(error: recovery_sidecar::LockError) -> ApiError {
+    match error {
+        owned @ recovery_sidecar::LockError::Owned(_) => {
+            ApiError::new(ErrorCode::RunLocked, owned.to_string())
+        }
+        io @ recovery_sidecar::LockError::Io { .. } => {
+            ApiError::internal("opening the run's lock file", io)
         }
     }
 }
@@ -309,14 +329,28 @@ pub fn lease_holder(lease: &recovery_store::Lease) -> serde_json::Value {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
+/// The largest page any list answers.
+pub const MAX_PAGE: u32 = 1000;
+
+/// A page size: `default` when absent, refused outside 1..=[`MAX_PAGE`] (never clamped, so a
+/// client asking for 5000 learns it gets at most 1000).
+pub fn page_limit(limit: Option<u32>, default: u32) -> ApiResult<u32> {
+    match limit {
+        None => Ok(default),
+        Some(limit @ 1..=MAX_PAGE) => Ok(limit),
+        Some(other) => Err(ApiError::invalid(format!(
+            "limit: {other} is outside 1-{MAX_PAGE}"
+        ))),
+    }
+}
+
 /// `Json<T>` whose rejections answer in the API error shape (the serde message names the field).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);
 
 impl<S, T> axum::extract::FromRequest<S> for ApiJson<T>
 where
-    axum::Json<T>:
-        axum::extract::FromRequest<S, Rejection = axum::extract::rejection::JsonRejection>,
+    T: serde::de::DeserializeOwned,
     S: Send + Sync,
 {
     type Rejection = ApiError;
@@ -325,33 +359,10 @@ where
         request: axum::extract::Request,
         state: &S,
     ) -> Result<Self, Self::Rejection> {
-        use axum::extract::rejection::JsonRejection;
-        match axum::Json::<T>::from_request(request, state).await {
-            Ok(axum::Json(value)) => Ok(Self(value)),
-            Err(JsonRejection::BytesRejection(e))
-                if e.status() == StatusCode::PAYLOAD_TOO_LARGE =>
-            {
-                Err(ApiError::new(
-                    ErrorCode::PayloadTooLarge,
-                    "the request body is larger than the service accepts (RR_BODY_LIMIT_MB)",
-                ))
-            }
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::invalid(
-                "the body must be JSON with content-type: application/json",
-            )),
-            Err(JsonRejection::JsonDataError(e)) => Err(ApiError::invalid(format!(
-                "body: {}",
-                e.body_text().trim_start_matches(
-                    "Failed to deserialize the JSON body into the target type: "
-                )
-            ))),
-            Err(JsonRejection::JsonSyntaxError(e)) => Err(ApiError::invalid(format!(
-                "body: malformed JSON: {}",
-                e.body_text()
-                    .trim_start_matches("Failed to parse the request body as JSON: ")
-            ))),
-            Err(other) => Err(ApiError::invalid(format!("body: {}", other.body_text()))),
-        }
+        // One reader of every JSON body: the same content-type check, body limit, depth limit
+        // and field-naming messages as the bodies parsed on blocking threads.
+        let ApiJsonBytes(body) = ApiJsonBytes::from_request(request, state).await?;
+        parse_json_body(&body).map(Self)
     }
 }
 
@@ -416,9 +427,14 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ApiJsonBytes {
 }
 
 /// Parses a JSON body read by [`ApiJsonBytes`] (on a blocking thread for large bodies), naming
-/// the field at fault as [`ApiJson`] does.
-pub fn parse_json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+/// the field at fault.
+pub fn parse_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8]) -> ApiResult<T> {
+    // The depth is bounded here, before serde recurses, so the parser's own limit of 128 can be
+    // lifted: a body nests up to the 512 levels a digest takes, on every endpoint.
+    recovery_core::canonical::check_depth(body)
+        .map_err(|e| ApiError::invalid(format!("body: {e}")))?;
     let mut deserializer = serde_json::Deserializer::from_slice(body);
+    deserializer.disable_recursion_limit();
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -481,6 +497,11 @@ pub async fn in_error_shape(response: Response) -> Response {
             "the request body is larger than the service accepts (RR_BODY_LIMIT_MB)",
         )
         .into_response(),
+        StatusCode::REQUEST_TIMEOUT => ApiError::new(
+            ErrorCode::RequestTimeout,
+            "the request took longer than the service allows (RR_REQUEST_TIMEOUT_SECS); its work was stopped",
+        )
+        .into_response(),
         StatusCode::METHOD_NOT_ALLOWED => {
             let allowed = response.headers().get(axum::http::header::ALLOW).cloned();
             let mut shaped = ApiError::new(
@@ -497,6 +518,46 @@ pub async fn in_error_shape(response: Response) -> Response {
         }
         _ => response,
     }
+}
+
+/// The longest request target (path and query) read.
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// The most header bytes (names and values) read.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Refuses a request head larger than the service reads, in the error shape, before any
+/// extractor sees it. (Beyond the HTTP library's own limits, a target over 64 KiB or more than
+/// 100 headers, the library answers 414 or 431 itself, without a body.)
+pub async fn refuse_oversized_head(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return ApiError::new(
+            ErrorCode::UriTooLong,
+            format!(
+                "the request target is {target} bytes; the service reads at most {MAX_URI_BYTES}"
+            ),
+        )
+        .into_response();
+    }
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len())
+        .sum();
+    if headers > MAX_HEADER_BYTES {
+        return ApiError::new(
+            ErrorCode::HeadersTooLarge,
+            format!("the request headers are {headers} bytes; the service reads at most {MAX_HEADER_BYTES}"),
+        )
+        .into_response();
+    }
+    next.run(request).await
 }
 
 /// Unknown routes answer in the API error shape.

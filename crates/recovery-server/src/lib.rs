@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod error;
+pub mod limits;
 pub mod routes;
 pub mod state;
 
@@ -168,6 +169,7 @@ pub fn app(state: AppState) -> Router {
         ))
         // Outermost: plain-text answers of the layers above come out in the error shape.
         .layer(middleware::map_response(error::in_error_shape))
+        .layer(middleware::from_fn(error::refuse_oversized_head))
         .with_state(state)
 }
 

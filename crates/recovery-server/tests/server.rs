@@ -18,6 +18,8 @@ const SECRET: &str = "sk-live-S3CR3T-value";
 
 #[path = "server/concurrency.rs"]
 mod concurrency;
+#[path = "server/contract.rs"]
+mod contract;
 
 struct TestApp {
     state: AppState,

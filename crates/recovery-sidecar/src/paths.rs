@@ -31,6 +31,16 @@ pub enum PathError {
         "output path {0:?} is a symbolic link to nothing: the service never writes through one"
     )]
     DanglingSymlink(PathBuf),
+    #[error(
+        "output path {path:?}: its companion {companion:?} (with the temporary name an atomic write \
+         uses) would exceed the {NAME_MAX}-byte file name limit; shorten the file name to at most \
+         {max_stem} bytes before its extension"
+    )]
+    NameTooLong {
+        path: PathBuf,
+        companion: String,
+        max_stem: usize,
+    },
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
         path: PathBuf,
@@ -194,10 +204,16 @@ pub fn checkpoint_lock_path(checkpoint_dir: &Path) -> PathBuf {
     checkpoint_dir.join(".collector.lock")
 }
 
+/// The longest file name Linux file systems take.
+pub const NAME_MAX: usize = 255;
+
+/// What an atomic write adds to a name (`.<name>.<32 hex>.tmp`) and what setting a file aside
+/// adds (`.replaced-<unix seconds>-<n>`), so every companion can still be written and moved.
+const NAME_OVERHEAD: usize = 38 + 24;
+
 impl SidecarPaths {
-    /// Every companion (the output included) that is a symbolic link: the service refuses to
-    /// run an output whose files could lead outside the roots.
-    pub fn symlinks(&self) -> Vec<&Path> {
+    /// Every companion, the output included.
+    pub fn all(&self) -> [&Path; 16] {
         [
             &self.output,
             &self.failures,
@@ -216,10 +232,38 @@ impl SidecarPaths {
             &self.aggregate_metrics,
             &self.replace_intent,
         ]
-        .into_iter()
-        .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()))
         .map(PathBuf::as_path)
-        .collect()
+    }
+
+    /// Refuses an output whose companions could not be created: a name over [`NAME_MAX`] fails
+    /// only once some files exist, so it is checked before anything is written.
+    pub fn check_names(&self) -> Result<(), PathError> {
+        let Some(longest) = self
+            .all()
+            .into_iter()
+            .filter_map(Path::file_name)
+            .max_by_key(|n| n.len())
+        else {
+            return Ok(());
+        };
+        if longest.len() + NAME_OVERHEAD <= NAME_MAX {
+            return Ok(());
+        }
+        let suffix = longest.len().saturating_sub(stem(&self.output).len());
+        Err(PathError::NameTooLong {
+            path: self.output.clone(),
+            companion: longest.to_string_lossy().into_owned(),
+            max_stem: NAME_MAX.saturating_sub(NAME_OVERHEAD + suffix),
+        })
+    }
+
+    /// Every companion (the output included) that is a symbolic link: the service refuses to
+    /// run an output whose files could lead outside the roots.
+    pub fn symlinks(&self) -> Vec<&Path> {
+        self.all()
+            .into_iter()
+            .filter(|p| std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()))
+            .collect()
     }
 
     /// The companions of an output path (resolve it first: the run lock is named on the resolved

@@ -65,9 +65,9 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct ServeArgs {
-    /// Address to listen on.
+    /// Address to listen on: `host:port`, the host an address or a name (`localhost:8787`).
     #[arg(long, env = "RR_BIND", default_value = "127.0.0.1:8787")]
-    bind: SocketAddr,
+    bind: String,
     /// Data directory (the SQLite database lives here).
     #[arg(long, env = "RR_DATA_DIR", default_value = "./rollout-recovery-data")]
     data_dir: PathBuf,
@@ -154,7 +154,7 @@ fn init_logging(json: bool) {
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format == "json");
     let mut config = ServerConfig::local(args.data_dir.clone());
-    config.bind = args.bind;
+    config.bind = resolve_bind(&args.bind).await?;
     config.database_url = args.database_url;
     if !args.roots.is_empty() {
         config.roots = args.roots;
@@ -194,6 +194,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     recovery_server::serve(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The address `--bind` names. A name resolving to several addresses listens on its first IPv4
+/// one (`localhost` is 127.0.0.1 then, where most clients look first); the loopback rule of an
+/// unauthenticated service is checked on the address actually bound.
+async fn resolve_bind(text: &str) -> anyhow::Result<SocketAddr> {
+    let addresses: Vec<SocketAddr> = tokio::net::lookup_host(text)
+        .await
+        .with_context(|| format!("--bind {text:?} (RR_BIND): expected host:port"))?
+        .collect();
+    addresses
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addresses.first())
+        .copied()
+        .with_context(|| format!("--bind {text:?} (RR_BIND): the name resolves to no address"))
 }
 
 async fn shutdown_signal() {

@@ -311,6 +311,54 @@ fn probe(lock: &Path) -> String {
 }
 
 #[tokio::test]
+async fn serve_binds_a_host_name_and_logs_without_colours_to_a_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let log = dir.path().join("service.log");
+    let mut child = Command::new(BIN)
+        .args([
+            "serve",
+            "--bind",
+            &format!("localhost:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .env_remove("RR_TOKENS")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("serve");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut healthy = None;
+    while Instant::now() < deadline && healthy.is_none() {
+        healthy = reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .ok()
+            .map(|r| r.status());
+        if healthy.is_none() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(
+        healthy.map(|s| s.as_u16()),
+        Some(200),
+        "localhost:{port} is 127.0.0.1"
+    );
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("rollout-recovery serving"), "{text}");
+    assert!(
+        !text.contains('\x1b'),
+        "no ANSI escapes in a log file: {text:?}"
+    );
+}
+
+#[tokio::test]
 async fn graceful_shutdown_releases_leases_and_run_locks() {
     let dir = tempfile::tempdir().expect("dir");
     let (data, root, _) = prepare(dir.path());

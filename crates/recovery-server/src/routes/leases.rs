@@ -15,14 +15,19 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct AcquireRequest {
     /// The client's name (shown to others as the holder).
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub holder: String,
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub host: String,
     pub pid: i64,
     /// Lease lifetime, renewed by heartbeat (default: the service's).
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
     /// Also lock this checkpoint directory (two outputs never share checkpoints).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::opt_path")]
+    #[schema(max_length = 4096)]
     pub checkpoint_dir: Option<String>,
 }
 
@@ -111,6 +116,8 @@ pub async fn acquire(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub lease_id: String,
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
@@ -141,6 +148,8 @@ pub async fn heartbeat(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub lease_id: String,
 }
 
@@ -191,11 +200,17 @@ pub async fn holder(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TakeoverRequest {
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub holder: String,
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub host: String,
     pub pid: i64,
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    #[serde(deserialize_with = "crate::limits::text")]
+    #[schema(max_length = 4096)]
     pub reason: String,
 }
 

@@ -21,6 +21,8 @@ pub struct ApprovalRequest {
     pub rollout_index: i64,
     /// The masked attempt approved (exactly this one).
     pub attempt_index: i64,
+    #[serde(deserialize_with = "crate::limits::text")]
+    #[schema(max_length = 4096)]
     pub reason: String,
 }
 
@@ -98,6 +100,8 @@ pub async fn revoke_approval(
 pub struct ExtendRequest {
     /// Attempts added to every rollout's cap (1-100).
     pub extend_attempts: i64,
+    #[serde(deserialize_with = "crate::limits::text")]
+    #[schema(max_length = 4096)]
     pub reason: String,
 }
 
@@ -134,6 +138,8 @@ pub async fn extend(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResubmitRequest {
+    #[serde(deserialize_with = "crate::limits::text")]
+    #[schema(max_length = 4096)]
     pub reason: String,
 }
 
@@ -167,8 +173,12 @@ pub async fn resubmit(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReserveRequest {
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub lease_id: String,
     /// Logical rollout ids to reserve the next execution number for.
+    #[serde(deserialize_with = "crate::limits::ids")]
+    #[schema(max_items = 100000)]
     pub rollout_ids: Vec<String>,
 }
 
@@ -218,11 +228,19 @@ pub async fn reserve(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdmitRejudgeRequest {
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub lease_id: String,
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub rollout_id: String,
     pub attempt: u64,
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub predecessor_failure_id: String,
     /// The predecessor failure line exactly as saved (its SHA-256 is recorded).
+    #[serde(deserialize_with = "crate::limits::line")]
+    #[schema(max_length = 1048576)]
     pub predecessor_line: String,
 }
 
@@ -271,8 +289,12 @@ pub async fn admit_rejudgment(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CloseRejudgeRequest {
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub lease_id: String,
     /// What the saved outcome was (`graded`, `failed`, ...).
+    #[serde(deserialize_with = "crate::limits::id")]
+    #[schema(max_length = 256)]
     pub outcome: String,
 }
 

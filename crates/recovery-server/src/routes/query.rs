@@ -14,17 +14,33 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 
+/// The run filter of `GET /drift` (beside [`RunDriftParams`], read from the same query).
 #[derive(Debug, Clone, Deserialize, IntoParams)]
-pub struct DriftParams {
+#[into_params(parameter_in = Query)]
+pub struct DriftRunParam {
+    /// Only this run's events.
+    #[param(max_length = 200)]
+    pub run_id: Option<String>,
+}
+
+/// Which drift events of one run to list.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RunDriftParams {
     /// Inclusive start (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
+    #[param(max_length = 64)]
     pub from: Option<String>,
     /// Exclusive end (RFC 3339 UTC).
+    #[param(max_length = 64)]
     pub to: Option<String>,
-    pub run_id: Option<String>,
     /// Only events whose drifted keys include this dotted key.
+    #[param(max_length = 1000)]
     pub key: Option<String>,
     /// At most this many (1-1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(max_length = 400)]
     pub cursor: Option<String>,
 }
 
@@ -46,12 +62,12 @@ fn time_bound(field: &str, text: &str) -> ApiResult<String> {
 
 async fn drift_page(
     state: &AppState,
-    params: DriftParams,
+    params: RunDriftParams,
     run_id: Option<String>,
 ) -> ApiResult<DriftPage> {
-    let limit = params.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = crate::error::page_limit(params.limit, 100)?;
     let filter = DriftFilter {
-        run_id: run_id.or(params.run_id),
+        run_id,
         key: params.key,
         from: params
             .from
@@ -91,25 +107,26 @@ async fn drift_page(
 }
 
 /// Every resume that crossed operational drift, across runs (oldest first).
-#[utoipa::path(get, path = "/drift", tag = "drift", params(DriftParams),
+#[utoipa::path(get, path = "/drift", tag = "drift", params(DriftRunParam, RunDriftParams),
     responses((status = 200, body = DriftPage), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn drift(
     State(state): State<AppState>,
     caller: Caller,
-    ApiQuery(params): ApiQuery<DriftParams>,
+    ApiQuery(run): ApiQuery<DriftRunParam>,
+    ApiQuery(params): ApiQuery<RunDriftParams>,
 ) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
-    Ok(Json(drift_page(&state, params, None).await?))
+    Ok(Json(drift_page(&state, params, run.run_id).await?))
 }
 
 /// Every resume of one run that crossed operational drift.
-#[utoipa::path(get, path = "/runs/{run_id}/drift", tag = "drift", params(("run_id" = String, Path, description = "Run id"), DriftParams),
+#[utoipa::path(get, path = "/runs/{run_id}/drift", tag = "drift", params(("run_id" = String, Path, description = "Run id"), RunDriftParams),
     responses((status = 200, body = DriftPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn run_drift(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-    ApiQuery(params): ApiQuery<DriftParams>,
+    ApiQuery(params): ApiQuery<RunDriftParams>,
 ) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
     state.run(&run_id).await?;
@@ -152,8 +169,7 @@ struct RawClassifyRequest<'a> {
 /// Classifies a raw batch on this thread and the machine's other cores, in row order; stops
 /// early once its caller is gone.
 fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<RowDecision>> {
-    let request: RawClassifyRequest =
-        serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+    let request: RawClassifyRequest = crate::error::parse_json_body(body)?;
     let policy = match request.policy {
         Some(raw) => ClassificationPolicy::from_json(raw.get().as_bytes())
             .map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
@@ -219,6 +235,7 @@ pub async fn classify(
 
 /// Which rollouts of a plan to list.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PlanParams {
     /// Only rollouts in this state (`scored`, `model_final`, `judge_recoverable`, `retryable`,
     /// `exhausted`, `terminal`, `missing`, `masked`, `omitted`, `awaiting_approval`,
@@ -226,8 +243,10 @@ pub struct PlanParams {
     #[param(value_type = Option<String>)]
     pub state: Option<PlanState>,
     /// At most this many rollouts (1-1000, default 1000).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
     /// Where the previous page ended (its `next_cursor`).
+    #[param(max_length = 20)]
     pub cursor: Option<String>,
 }
 
@@ -305,11 +324,7 @@ pub async fn plan(
     ApiQuery(params): ApiQuery<PlanParams>,
 ) -> ApiResult<SerializedJson> {
     caller.require(Role::Viewer)?;
-    let limit = match params.limit {
-        None => 1000,
-        Some(limit @ 1..=1000) => limit as usize,
-        Some(_) => return Err(ApiError::invalid("limit: must be between 1 and 1000")),
-    };
+    let limit = crate::error::page_limit(params.limit, 1000)? as usize;
     let after = match params.cursor.as_deref() {
         None => None,
         Some(text) => Some(

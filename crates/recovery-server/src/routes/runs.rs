@@ -26,8 +26,12 @@ use utoipa::{IntoParams, ToSchema};
 #[serde(deny_unknown_fields)]
 pub struct CreateRunRequest {
     /// Output JSONL path (under the service's roots).
+    #[serde(deserialize_with = "crate::limits::path")]
+    #[schema(max_length = 4096)]
     pub output_path: String,
     /// The source dataset file (its bytes give `source_digest`).
+    #[serde(deserialize_with = "crate::limits::path")]
+    #[schema(max_length = 4096)]
     pub source_path: String,
     /// Collection settings.
     #[schema(value_type = Object)]
@@ -163,6 +167,8 @@ pub struct ValidateRequest {
     #[serde(default)]
     pub environment: BTreeMap<String, String>,
     /// The source dataset as the collector will read it now.
+    #[serde(deserialize_with = "crate::limits::path")]
+    #[schema(max_length = 4096)]
     pub source_path: String,
     /// The rows the collector materialized now; when absent the saved ones are taken as current.
     /// Read as raw texts, off the async workers.
@@ -174,7 +180,8 @@ pub struct ValidateRequest {
     #[serde(default, alias = "allow_unsafe_resume")]
     pub allow_unsafe: bool,
     /// The caller's lease on the run, when it holds one.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::opt_id")]
+    #[schema(max_length = 256)]
     pub lease_id: Option<String>,
 }
 
@@ -364,12 +371,18 @@ pub struct RunList {
     pub next_cursor: Option<String>,
 }
 
+/// Which runs to list, or the output path to look one up by.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// At most this many (1-1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(max_length = 400)]
     pub cursor: Option<String>,
     /// Find the run recorded for this output path.
+    #[param(max_length = 4096)]
     pub output_path: Option<String>,
 }
 
@@ -412,7 +425,7 @@ pub async fn list_runs(
         ),
         None => None,
     };
-    let limit = params.limit.unwrap_or(100).clamp(1, 1000);
+    let limit = crate::error::page_limit(params.limit, 100)?;
     let runs = state
         .registry
         .store()

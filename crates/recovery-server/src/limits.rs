@@ -1,0 +1,85 @@
+//! Bounded request fields: every free-text field and id a client sends has a length limit, so a
+//! 10 MB `reason` or `lease_id` is refused naming the field instead of reaching the journal, the
+//! database, the audit log or an echo.
+//!
+//! Used as `#[serde(deserialize_with = "limits::id")]` (and `opt_*` with `#[serde(default)]`); the
+//! same numbers appear in the schema as `max_length`, so a generated client knows them.
+
+use serde::de::{Deserialize, Deserializer, Error};
+
+/// Ids (lease, rollout, failure), holder and host names.
+pub const ID: usize = 256;
+/// Reasons and other human text (an operator's note, an outcome word).
+pub const TEXT: usize = 4096;
+/// File system paths (Linux `PATH_MAX`).
+pub const PATH: usize = 4096;
+/// One saved JSONL line quoted back (a predecessor failure line).
+pub const LINE: usize = 1 << 20;
+/// Rollout ids in one reservation.
+pub const ROLLOUT_IDS: usize = 100_000;
+
+fn bounded<'de, D: Deserializer<'de>>(deserializer: D, max: usize) -> Result<String, D::Error> {
+    let value = String::deserialize(deserializer)?;
+    if value.len() > max {
+        return Err(D::Error::custom(format!(
+            "{} bytes is longer than the {max} this field takes",
+            value.len()
+        )));
+    }
+    Ok(value)
+}
+
+fn bounded_opt<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    max: usize,
+) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(deserializer)? {
+        Some(value) if value.len() > max => Err(D::Error::custom(format!(
+            "{} bytes is longer than the {max} this field takes",
+            value.len()
+        ))),
+        other => Ok(other),
+    }
+}
+
+pub fn id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    bounded(d, ID)
+}
+
+pub fn opt_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    bounded_opt(d, ID)
+}
+
+pub fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    bounded(d, TEXT)
+}
+
+pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    bounded(d, PATH)
+}
+
+pub fn opt_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    bounded_opt(d, PATH)
+}
+
+pub fn line<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    bounded(d, LINE)
+}
+
+/// A list of ids, each bounded like [`id`], at most [`ROLLOUT_IDS`] of them.
+pub fn ids<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    let values = Vec::<String>::deserialize(d)?;
+    if values.len() > ROLLOUT_IDS {
+        return Err(D::Error::custom(format!(
+            "{} ids are more than the {ROLLOUT_IDS} one call takes",
+            values.len()
+        )));
+    }
+    if let Some((i, long)) = values.iter().enumerate().find(|(_, v)| v.len() > ID) {
+        return Err(D::Error::custom(format!(
+            "[{i}]: {} bytes is longer than the {ID} an id takes",
+            long.len()
+        )));
+    }
+    Ok(values)
+}

@@ -1,0 +1,321 @@
+//! The API contract under hostile input (issue 11): every refusal in the error shape, with a
+//! stable code and a message naming what is at fault, and nothing written or echoed.
+
+use super::*;
+
+/// One request with extra headers, through the router.
+async fn send_headers(app: &TestApp, uri: &str, headers: &[(&str, String)]) -> Reply {
+    let mut request = Request::builder().method(Method::GET).uri(uri);
+    for (name, value) in headers {
+        request = request.header(*name, value);
+    }
+    let response = recovery_server::app(app.state.clone())
+        .oneshot(request.body(Body::empty()).expect("request"))
+        .await
+        .expect("response");
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let body = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    Reply { status, body }
+}
+
+/// `depth` nested arrays around `0`.
+fn nested(depth: usize) -> String {
+    format!("{}0{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+fn assert_invalid_naming(reply: &Reply, field: &str, context: &str) {
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")),
+        "{context}: {}",
+        reply.body
+    );
+    let message = reply.body["message"].as_str().expect("message");
+    assert!(message.contains(field), "{context}: {message}");
+    assert!(
+        message.len() < 400,
+        "{context}: the message never echoes the input: {} bytes",
+        message.len()
+    );
+}
+
+#[tokio::test]
+async fn every_list_refuses_a_limit_outside_one_to_a_thousand() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    for list in ["/runs", "/drift", &format!("/runs/{run_id}/drift")] {
+        for limit in ["0", "1001", "5000"] {
+            let reply = app
+                .call(
+                    Method::GET,
+                    &format!("{list}?limit={limit}"),
+                    Some(VIEWER),
+                    None,
+                )
+                .await;
+            assert_invalid_naming(&reply, "limit", &format!("{list}?limit={limit}"));
+        }
+        let full = app
+            .call(
+                Method::GET,
+                &format!("{list}?limit=1000"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_eq!(full.status, StatusCode::OK, "{list}: {}", full.body);
+    }
+}
+
+#[tokio::test]
+async fn an_output_name_too_long_for_its_companions_is_path_refused_before_anything_is_written() {
+    let app = TestApp::new().await;
+    for stem_len in [170, 240, 252] {
+        let mut body = app.create_body();
+        let dir = app.root.join(format!("long-{stem_len}"));
+        body["output_path"] = json!(dir.join(format!("{}.jsonl", "r".repeat(stem_len))));
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
+            "{stem_len}: {}",
+            reply.body
+        );
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("at most 165 bytes")),
+            "the message says how long a name may be: {}",
+            reply.body
+        );
+        assert!(
+            !dir.exists() || files_under(&dir).is_empty(),
+            "{stem_len}: nothing written: {:?}",
+            files_under(&dir)
+        );
+    }
+    let mut body = app.create_body();
+    body["output_path"] = json!(app.root.join(format!("ok/{}.jsonl", "r".repeat(165))));
+    let longest = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(longest.status, StatusCode::CREATED, "{}", longest.body);
+}
+
+#[tokio::test]
+async fn a_lock_file_that_cannot_be_opened_is_an_internal_error_never_run_locked() {
+    let app = TestApp::new().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    // A directory where the run's lock file belongs: no process holds it, so a client
+    // retrying a 423 would wait forever.
+    std::fs::create_dir_all(&paths.run_lock).expect("directory");
+    let reply = app
+        .call(
+            Method::POST,
+            "/runs",
+            Some(COLLECTOR),
+            Some(app.create_body()),
+        )
+        .await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::INTERNAL_SERVER_ERROR, Some("internal")),
+        "{}",
+        reply.body
+    );
+    assert!(!paths.manifest.exists(), "nothing written");
+}
+
+#[tokio::test]
+async fn json_nests_512_levels_on_every_endpoint_and_no_deeper() {
+    let app = TestApp::new().await;
+    // The body object is level 1 and `config` level 2: 510 arrays inside reach 512.
+    let create = |arrays: usize| {
+        let mut body = app.create_body();
+        body["config"]["deep"] = json!("PLACEHOLDER");
+        body.to_string().replace("\"PLACEHOLDER\"", &nested(arrays))
+    };
+    let deepest = app
+        .call_raw(Method::POST, "/runs", Some(COLLECTOR), Some(create(510)))
+        .await;
+    assert_eq!(deepest.status, StatusCode::CREATED, "{}", deepest.body);
+    let run_id = deepest.body["run_id"].as_str().expect("run").to_owned();
+    let too_deep = app
+        .call_raw(Method::POST, "/runs", Some(OPERATOR), Some(create(511)))
+        .await;
+    assert_invalid_naming(&too_deep, "512", "create at 513");
+    for (uri, token, body) in [
+        (
+            "/classify".to_owned(),
+            VIEWER,
+            format!("{{\"rows\": [{{\"x\": {}}}]}}", nested(511)),
+        ),
+        (
+            format!("/runs/{run_id}/lease"),
+            COLLECTOR,
+            format!("{{\"holder\": {}}}", nested(512)),
+        ),
+        (
+            format!("/runs/{run_id}/validate"),
+            COLLECTOR,
+            format!("{{\"config\": {}}}", nested(512)),
+        ),
+    ] {
+        let reply = app
+            .call_raw(Method::POST, &uri, Some(token), Some(body))
+            .await;
+        assert_invalid_naming(&reply, "512", &uri);
+    }
+    let classified = app
+        .call_raw(
+            Method::POST,
+            "/classify",
+            Some(VIEWER),
+            Some(format!("{{\"rows\": [{{\"x\": {}}}]}}", nested(509))),
+        )
+        .await;
+    assert_eq!(classified.status, StatusCode::OK, "{}", classified.body);
+}
+
+#[tokio::test]
+async fn free_text_fields_and_ids_longer_than_their_limit_are_refused_naming_the_field() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let huge = "x".repeat(1 << 20);
+    let cases = [
+        (
+            "/approvals",
+            OPERATOR,
+            json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "r".repeat(4097)}),
+            "reason",
+        ),
+        (
+            "/attempts/extend",
+            OPERATOR,
+            json!({"extend_attempts": 1, "reason": huge}),
+            "reason",
+        ),
+        (
+            "/lease/heartbeat",
+            COLLECTOR,
+            json!({"lease_id": huge}),
+            "lease_id",
+        ),
+        (
+            "/lease/takeover",
+            OPERATOR,
+            json!({"holder": "h".repeat(257), "host": "n", "pid": 1, "reason": "r"}),
+            "holder",
+        ),
+        (
+            "/attempts/reserve",
+            COLLECTOR,
+            json!({"lease_id": lease, "rollout_ids": ["0-0", "9".repeat(300)]}),
+            "rollout_ids: [1]",
+        ),
+        (
+            "/validate",
+            COLLECTOR,
+            json!({"config": {}, "global_config": {}, "source_path": "p".repeat(5000)}),
+            "source_path",
+        ),
+    ];
+    for (route, token, body, field) in cases {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}{route}"),
+                Some(token),
+                Some(body),
+            )
+            .await;
+        assert_invalid_naming(&reply, field, route);
+    }
+    // Nothing of the refused calls reached the run: no approval, no extension, the lease held.
+    let approvals = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/approvals"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(approvals.body, json!([]), "{}", approvals.body);
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    assert!(!paths.attempt_extension.exists());
+    let holder = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        holder.body["holder"]["holder"], "collector-a",
+        "{}",
+        holder.body
+    );
+}
+
+#[tokio::test]
+async fn request_heads_over_the_limits_answer_in_the_error_shape() {
+    let app = TestApp::new().await;
+    let long_target = format!("/runs?output_path={}", "a".repeat(9000));
+    let auth = ("authorization", format!("Bearer {VIEWER}"));
+    let reply = send_headers(&app, &long_target, std::slice::from_ref(&auth)).await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::URI_TOO_LONG, Some("uri_too_long"))
+    );
+    let big_header = ("x-padding", "p".repeat(70_000));
+    let reply = send_headers(&app, "/runs", &[auth.clone(), big_header]).await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Some("headers_too_large")
+        )
+    );
+    // RFC 7235: the scheme is case-insensitive.
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let reply = send_headers(
+            &app,
+            "/runs",
+            &[("authorization", format!("{scheme} {VIEWER}"))],
+        )
+        .await;
+        assert_eq!(reply.status, StatusCode::OK, "{scheme}: {}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn framework_answers_come_out_in_the_error_shape() {
+    let timeout = axum::response::IntoResponse::into_response((
+        StatusCode::REQUEST_TIMEOUT,
+        "plain text from the timeout layer",
+    ));
+    let shaped = recovery_server::error::in_error_shape(timeout).await;
+    let bytes = axum::body::to_bytes(shaped.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    let body: Value = serde_json::from_slice(&bytes).expect("json");
+    assert_eq!(body["code"], "request_timeout");
+    let app = TestApp::new().await;
+    let wrong_method = app.call(Method::PUT, "/runs", Some(VIEWER), None).await;
+    assert_eq!(
+        (wrong_method.status, wrong_method.body["code"].as_str()),
+        (StatusCode::METHOD_NOT_ALLOWED, Some("method_not_allowed"))
+    );
+    let forbidden = app.call(Method::POST, "/reindex", Some(VIEWER), None).await;
+    assert_eq!(
+        forbidden.body["message"], "this needs the operator role; dashboard is a viewer",
+        "role names, never debug text"
+    );
+}
