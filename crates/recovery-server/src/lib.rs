@@ -7,6 +7,7 @@
 //! - [`openapi`]: the OpenAPI document (committed at `openapi/openapi.json`).
 
 pub mod config;
+pub mod api_doc;
 pub mod error;
 pub mod limits;
 pub mod routes;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
+use api_doc::{CommonResponses, Links};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -41,7 +43,7 @@ use utoipa::OpenApi;
         routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
     ),
     components(schemas(error::ApiErrorBody, error::ErrorCode)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &CommonResponses, &Links),
     tags(
         (name = "runs", description = "Create runs and validate resumes"),
         (name = "drift", description = "Resumes that crossed operational drift"),
@@ -81,9 +83,17 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 
 /// The OpenAPI document as committed (pretty JSON with a trailing newline).
 pub fn openapi_json() -> String {
-    let mut text = openapi().to_pretty_json().unwrap_or_default();
+    let mut text = serde_json::to_string_pretty(&openapi_value()).unwrap_or_default();
     text.push('\n');
     text
+}
+
+/// The OpenAPI document as served and committed. (utoipa 5.5 writes a link's `operationId` and
+/// `requestBody` in snake case; they are renamed here, the one place the document is emitted.)
+pub fn openapi_value() -> serde_json::Value {
+    let mut doc = serde_json::to_value(openapi()).unwrap_or_default();
+    api_doc::fix_link_field_names(&mut doc);
+    doc
 }
 
 async fn record_metrics(request: Request, next: Next) -> Response {

@@ -13,6 +13,7 @@ use utoipa::ToSchema;
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"holder": "collector-1", "host": "node-7", "pid": 4242, "ttl_seconds": 60}))]
 pub struct AcquireRequest {
     /// The client's name (shown to others as the holder).
     #[serde(deserialize_with = "crate::limits::id")]

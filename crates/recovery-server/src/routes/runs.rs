@@ -24,6 +24,13 @@ use utoipa::{IntoParams, ToSchema};
 /// A configuration bundle as a collector sends it (interpolations unresolved).
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"output_path": "exp/out.jsonl", "config": {"limit": 2, "responses_create_params": {"temperature": 0.3}},
+    "global_config": {"policy": {"responses_api_models": {"vllm_model": {"model": "m", "port": 9001}}},
+        "agent": {"responses_api_agents": {"simple_agent": {"sandbox_port": 8000,
+            "model_server": {"type": "responses_api_models", "name": "policy"}}}}},
+    "source_path": "data/train.jsonl",
+    "rows": [{"agent_ref": {"name": "agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0, "question": "1+1?"},
+        {"agent_ref": {"name": "agent"}, "_ng_task_index": 1, "_ng_rollout_index": 0, "question": "2+2?"}]}))]
 pub struct CreateRunRequest {
     /// Output JSONL path (under the service's roots).
     #[serde(deserialize_with = "crate::limits::path")]
@@ -156,6 +163,11 @@ pub async fn create_run(
 /// A collector's pre-flight before (re)starting a run.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"config": {"limit": 2, "responses_create_params": {"temperature": 0.3}},
+    "global_config": {"policy": {"responses_api_models": {"vllm_model": {"model": "m", "port": 9001}}},
+        "agent": {"responses_api_agents": {"simple_agent": {"sandbox_port": 8000,
+            "model_server": {"type": "responses_api_models", "name": "policy"}}}}},
+    "source_path": "data/train.jsonl"}))]
 pub struct ValidateRequest {
     /// Collection settings (kept as sent: a recent request with the same texts reuses their
     /// computed identity).

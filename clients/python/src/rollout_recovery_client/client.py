@@ -1,0 +1,725 @@
+"""``RecoveryClient``: one method per operation of the rollout-recovery service."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from .errors import (
+    LeaseLostError,
+    RecoveryConnectionError,
+    RecoveryError,
+    error_from_response,
+    parse_retry_after,
+)
+from .models import (
+    Approval,
+    AttemptExtension,
+    ClassifyDecision,
+    DriftEvent,
+    DriftPage,
+    Lease,
+    LeaseStatus,
+    Plan,
+    PlanEntry,
+    ReindexReport,
+    Rejudgment,
+    Resubmit,
+    RunCreated,
+    RunPage,
+    RunRecord,
+    RunView,
+    ValidateResult,
+)
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from .lease import LeaseKeeper, LostCallback
+
+__all__ = ["DEFAULT_TIMEOUT", "RecoveryClient"]
+
+logger = logging.getLogger("rollout_recovery_client")
+
+#: Seconds a request may take by default (a validate hashes the source: allow for large ones).
+DEFAULT_TIMEOUT = 60.0
+
+_JSON = Mapping[str, Any]
+
+
+def _segment(value: str) -> str:
+    """A path segment, percent-encoded (ids come from the service, but never trust a path)."""
+    from urllib.parse import quote
+
+    return quote(value, safe="")
+
+
+class RecoveryClient:
+    """A client of one rollout-recovery service.
+
+    ``url`` is the service's base URL (``http://127.0.0.1:8787``), ``token`` a bearer token
+    (``None`` for an unauthenticated loopback service), ``timeout`` seconds per request (or an
+    ``httpx.Timeout``), ``retry`` the :class:`RetryPolicy` (see :mod:`.retry` for what is
+    retried: only what is safe). The token is sent as ``Authorization: Bearer``, and never
+    appears in ``repr``, logs or exception messages.
+
+    Use it as a context manager (or call :meth:`close`) to close its connections.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
+        *,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+        user_agent: str = "rollout-recovery-client/0.1",
+        _shares_transport: bool = False,
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._token = token
+        self._timeout = timeout
+        self._retry = retry if retry is not None else RetryPolicy()
+        self._transport = transport
+        self._user_agent = user_agent
+        self._shares_transport = _shares_transport
+        headers = {"user-agent": user_agent, "accept": "application/json"}
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        self._http = httpx.Client(
+            base_url=self._url, headers=headers, timeout=timeout, transport=transport
+        )
+        self._lost_lock = threading.Lock()
+        self._lost: list[LeaseLostError] = []
+
+    # -- plumbing -----------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return self._retry
+
+    def __repr__(self) -> str:
+        auth = "token=<set>" if self._token is not None else "token=None"
+        return f"RecoveryClient(url={self._url!r}, {auth})"
+
+    def __enter__(self) -> RecoveryClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        # A clone given its original's transport leaves closing it to the original.
+        if not self._shares_transport:
+            self._http.close()
+
+    def clone(self, *, retry: RetryPolicy | None = None) -> RecoveryClient:
+        """A client of the same service with the same credentials and connections of its own
+        (for another thread; the lease keeper renews through one)."""
+        return RecoveryClient(
+            self._url,
+            self._token,
+            self._timeout,
+            retry=retry if retry is not None else self._retry,
+            transport=self._transport,
+            user_agent=self._user_agent,
+            _shares_transport=self._transport is not None,
+        )
+
+    def _note_lost(self, error: LeaseLostError) -> None:
+        """A lease keeper of this client lost its lease: the next call raises ``error``."""
+        with self._lost_lock:
+            self._lost.append(error)
+
+    def _forget_lost(self, error: LeaseLostError) -> None:
+        with self._lost_lock:
+            self._lost = [e for e in self._lost if e is not error]
+
+    def _raise_lost(self) -> None:
+        with self._lost_lock:
+            if not self._lost:
+                return
+            error = self._lost.pop(0)
+        from .lease import acknowledge
+
+        acknowledge(error)
+        raise error
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
+        check_leases: bool = True,
+    ) -> httpx.Response:
+        """Send one request (retrying what is safe) and answer its success, or raise."""
+        if check_leases:
+            self._raise_lost()
+        if idempotent is None:
+            idempotent = method in ("GET", "HEAD")
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        policy = self._retry
+        attempt = 0
+        while True:
+            attempt += 1
+            can_retry = attempt < policy.max_attempts
+            try:
+                response = self._http.request(
+                    method,
+                    path,
+                    json=json,
+                    params=query or None,
+                )
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # Nothing reached the service: safe to send again, whatever the call.
+                if can_retry:
+                    delay = policy.delay(attempt, None)
+                    logger.debug("%s %s: cannot connect, retry in %.2fs", method, path, delay)
+                    policy.sleep(delay)
+                    continue
+                raise RecoveryConnectionError(
+                    "connection_error",
+                    f"{method} {path}: cannot connect to {self._url} "
+                    f"({type(exc).__name__}) after {attempt} attempt(s)",
+                ) from exc
+            except httpx.TransportError as exc:
+                if idempotent and can_retry:
+                    delay = policy.delay(attempt, None)
+                    logger.debug(
+                        "%s %s: %s, retry in %.2fs", method, path, type(exc).__name__, delay
+                    )
+                    policy.sleep(delay)
+                    continue
+                raise RecoveryConnectionError(
+                    "connection_error",
+                    f"{method} {path}: the answer was lost ({type(exc).__name__}) "
+                    f"after {attempt} attempt(s)",
+                ) from exc
+            status = response.status_code
+            logger.debug("%s %s -> %d", method, path, status)
+            if status < 400:
+                return response
+            try:
+                body: Any = response.json()
+            except ValueError:
+                body = None
+            error = error_from_response(
+                status,
+                body,
+                method=method,
+                path=path,
+                retry_after=response.headers.get("retry-after"),
+                text=response.text if body is None else "",
+            )
+            if idempotent and can_retry and status in policy.retry_statuses:
+                delay = policy.delay(
+                    attempt, parse_retry_after(response.headers.get("retry-after"))
+                )
+                logger.debug(
+                    "%s %s: %d %s, retry in %.2fs", method, path, status, error.code, delay
+                )
+                policy.sleep(delay)
+                continue
+            raise error
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
+    ) -> Any:
+        response = self._send(method, path, json=json, params=params, idempotent=idempotent)
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise RecoveryError(
+                "invalid_response",
+                f"{method} {path} answered {response.status_code} without a JSON body",
+                status=response.status_code,
+            ) from exc
+
+    def _object(self, method: str, path: str, **kwargs: Any) -> _JSON:
+        data = self._json(method, path, **kwargs)
+        if not isinstance(data, Mapping):
+            raise RecoveryError(
+                "invalid_response", f"{method} {path} answered {type(data).__name__}, not an object"
+            )
+        return data
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        idempotent: bool | None = None,
+    ) -> Any:
+        """Any endpoint, for routes this client does not know yet: the parsed JSON answer (or
+        ``None`` for an empty one); errors raise like every other method."""
+        response = self._send(method.upper(), path, json=json, params=params, idempotent=idempotent)
+        if not response.content:
+            return None
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    # -- system -------------------------------------------------------------------------
+
+    def healthz(self) -> bool:
+        """Whether the process answers ``GET /healthz``."""
+        return self._send("GET", "/healthz").status_code == 200
+
+    def readyz(self) -> bool:
+        """Whether the database answers (``GET /readyz``; a 503 is ``False``)."""
+        try:
+            self._send("GET", "/readyz", idempotent=False)
+        except RecoveryError as error:
+            if error.status == 503:
+                return False
+            raise
+        return True
+
+    def openapi(self) -> dict[str, Any]:
+        """The service's OpenAPI document."""
+        return dict(self._object("GET", "/openapi.json"))
+
+    def metrics(self) -> str:
+        """The Prometheus metrics text."""
+        return self._send("GET", "/metrics").text
+
+    def reindex(self) -> ReindexReport:
+        """Bring the database up to date with the files (operator)."""
+        return ReindexReport.from_dict(self._object("POST", "/reindex"))
+
+    # -- runs ---------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        output_path: str | os.PathLike[str],
+        source_path: str | os.PathLike[str],
+        config: Mapping[str, Any],
+        global_config: Mapping[str, Any],
+        rows: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        environment: Mapping[str, str] | None = None,
+        max_rollout_attempts: int | None = None,
+        retry_terminal_timeouts: bool | None = None,
+        replace: bool = False,
+    ) -> RunCreated:
+        """Create a run (``POST /runs``): its manifest, saved identity and materialized inputs
+        (``rows``; when ``None`` the materialized-inputs file beside the output is used).
+
+        Raises ``RunExistsError`` (its ``run_id`` names the run) when a manifest exists.
+        """
+        body: dict[str, Any] = {
+            "output_path": os.fspath(output_path),
+            "source_path": os.fspath(source_path),
+            "config": dict(config),
+            "global_config": dict(global_config),
+        }
+        if rows is not None:
+            body["rows"] = [dict(r) for r in rows]
+        if environment is not None:
+            body["environment"] = dict(environment)
+        if max_rollout_attempts is not None:
+            body["max_rollout_attempts"] = max_rollout_attempts
+        if retry_terminal_timeouts is not None:
+            body["retry_terminal_timeouts"] = retry_terminal_timeouts
+        if replace:
+            body["replace"] = True
+        return RunCreated.from_dict(self._object("POST", "/runs", json=body))
+
+    def get_run(self, run_id: str) -> RunView:
+        """One run: record, manifest, live holder and caps (``RunSupersededError`` when
+        another run owns its output now)."""
+        return RunView.from_dict(self._object("GET", f"/runs/{_segment(run_id)}"))
+
+    def find_run(self, output_path: str | os.PathLike[str]) -> RunRecord | None:
+        """The run recorded for an output path (adopting the run its files hold), or ``None``."""
+        data = self._object("GET", "/runs", params={"output_path": os.fspath(output_path)})
+        page = RunPage.from_dict(data)
+        return page.runs[0] if page.runs else None
+
+    def list_runs(self, *, limit: int | None = None, cursor: str | None = None) -> RunPage:
+        """One page of runs, newest first."""
+        return RunPage.from_dict(
+            self._object("GET", "/runs", params={"limit": limit, "cursor": cursor})
+        )
+
+    def iter_runs(self, *, page_size: int | None = None) -> Iterator[RunRecord]:
+        """Every run, newest first, across pages."""
+        cursor: str | None = None
+        while True:
+            page = self.list_runs(limit=page_size, cursor=cursor)
+            yield from page.runs
+            if page.next_cursor is None or not page.runs:
+                return
+            cursor = page.next_cursor
+
+    def validate(
+        self,
+        run_id: str,
+        config: Mapping[str, Any],
+        global_config: Mapping[str, Any],
+        source_path: str | os.PathLike[str],
+        rows: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        environment: Mapping[str, str] | None = None,
+        lease_id: str | None = None,
+        allow_unsafe: bool = False,
+    ) -> ValidateResult:
+        """The pre-flight before (re)starting a run: reuse, resume across operational drift
+        (journalled), ``overridden``; a refusal raises ``ResumeRefusedError`` naming the
+        semantic keys. Not retried after it was sent: a replay would journal a drift twice."""
+        body: dict[str, Any] = {
+            "config": dict(config),
+            "global_config": dict(global_config),
+            "source_path": os.fspath(source_path),
+        }
+        if rows is not None:
+            body["rows"] = [dict(r) for r in rows]
+        if environment is not None:
+            body["environment"] = dict(environment)
+        if lease_id is not None:
+            body["lease_id"] = lease_id
+        if allow_unsafe:
+            body["allow_unsafe"] = True
+        return ValidateResult.from_dict(
+            self._object("POST", f"/runs/{_segment(run_id)}/validate", json=body)
+        )
+
+    # -- leases -------------------------------------------------------------------------
+
+    def acquire_lease(
+        self,
+        run_id: str,
+        holder: str,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        ttl_seconds: int | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+    ) -> Lease:
+        """Take a run's lease (and with it the run's lock); ``RunLockedError`` names the
+        current holder."""
+        body: dict[str, Any] = {
+            "holder": holder,
+            "host": host if host is not None else socket.gethostname(),
+            "pid": pid if pid is not None else os.getpid(),
+        }
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        if checkpoint_dir is not None:
+            body["checkpoint_dir"] = os.fspath(checkpoint_dir)
+        return Lease.from_dict(self._object("POST", f"/runs/{_segment(run_id)}/lease", json=body))
+
+    def heartbeat(self, run_id: str, lease_id: str, *, ttl_seconds: int | None = None) -> Lease:
+        """Renew a live lease (``LeaseNotHeldError`` when it expired or was taken over)."""
+        body: dict[str, Any] = {"lease_id": lease_id}
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        return Lease.from_dict(
+            self._object(
+                "POST", f"/runs/{_segment(run_id)}/lease/heartbeat", json=body, idempotent=True
+            )
+        )
+
+    def release_lease(self, run_id: str, lease_id: str) -> None:
+        """Release a lease (and the run's lock)."""
+        self._send("DELETE", f"/runs/{_segment(run_id)}/lease", json={"lease_id": lease_id})
+
+    def _release_quietly(self, run_id: str, lease_id: str) -> None:
+        """Release without raising a pending lost lease first (the keeper's exit path)."""
+        self._send(
+            "DELETE",
+            f"/runs/{_segment(run_id)}/lease",
+            json={"lease_id": lease_id},
+            check_leases=False,
+        )
+
+    def takeover_lease(
+        self,
+        run_id: str,
+        holder: str,
+        reason: str,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        ttl_seconds: int | None = None,
+    ) -> Lease:
+        """Take a run over for a new holder, ending the current lease at once (operator,
+        audited)."""
+        body: dict[str, Any] = {
+            "holder": holder,
+            "host": host if host is not None else socket.gethostname(),
+            "pid": pid if pid is not None else os.getpid(),
+            "reason": reason,
+        }
+        if ttl_seconds is not None:
+            body["ttl_seconds"] = ttl_seconds
+        return Lease.from_dict(
+            self._object("POST", f"/runs/{_segment(run_id)}/lease/takeover", json=body)
+        )
+
+    def lease_holder(self, run_id: str) -> LeaseStatus:
+        """Who holds a run (without the lease id)."""
+        return LeaseStatus.from_dict(self._object("GET", f"/runs/{_segment(run_id)}/lease"))
+
+    def lease(
+        self,
+        run_id: str,
+        holder: str | None = None,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        ttl_seconds: int | None = None,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        renew_fraction: float = 1 / 3,
+        on_lost: LostCallback | None = None,
+        wait: float = 0.0,
+    ) -> LeaseKeeper:
+        """A context manager owning ``run_id`` for its block: acquires (waiting up to ``wait``
+        seconds while another holder's lease is live), renews in a background thread every
+        ``renew_fraction`` of the TTL, releases on exit (also on exception). When a renewal
+        finds the lease lost, ``on_lost`` is called at once (from the renewal thread) and
+        ``LeaseLostError`` is raised at this client's next call and by ``check()``."""
+        from .lease import LeaseKeeper
+
+        return LeaseKeeper(
+            self,
+            run_id,
+            holder=holder,
+            host=host,
+            pid=pid,
+            ttl_seconds=ttl_seconds,
+            checkpoint_dir=checkpoint_dir,
+            renew_fraction=renew_fraction,
+            on_lost=on_lost,
+            wait=wait,
+        )
+
+    # -- attempts -----------------------------------------------------------------------
+
+    def reserve_attempts(
+        self, run_id: str, lease_id: str, rollout_ids: Sequence[str]
+    ) -> dict[str, int]:
+        """Durably reserve the next execution number of each rollout before dispatch (lease
+        holder): rollout id -> execution number."""
+        data = self._object(
+            "POST",
+            f"/runs/{_segment(run_id)}/attempts/reserve",
+            json={"lease_id": lease_id, "rollout_ids": list(rollout_ids)},
+        )
+        attempts = data.get("attempts")
+        if not isinstance(attempts, Mapping):
+            return {}
+        return {
+            str(k): v for k, v in attempts.items() if isinstance(v, int) and not isinstance(v, bool)
+        }
+
+    def extend_attempts(self, run_id: str, extend_attempts: int, reason: str) -> AttemptExtension:
+        """Add attempts to every rollout's cap (operator; 1-100)."""
+        return AttemptExtension.from_dict(
+            self._object(
+                "POST",
+                f"/runs/{_segment(run_id)}/attempts/extend",
+                json={"extend_attempts": extend_attempts, "reason": reason},
+            )
+        )
+
+    def resubmit(self, run_id: str, reason: str) -> Resubmit:
+        """Reset the failure budget (operator; the run must have no live lease)."""
+        return Resubmit.from_dict(
+            self._object(
+                "POST", f"/runs/{_segment(run_id)}/attempts/resubmit", json={"reason": reason}
+            )
+        )
+
+    # -- re-judgments -------------------------------------------------------------------
+
+    def admit_rejudgment(
+        self,
+        run_id: str,
+        lease_id: str,
+        rollout_id: str,
+        attempt: int,
+        predecessor_failure_id: str,
+        predecessor_line: str | bytes,
+    ) -> Rejudgment:
+        """Admit a judge-only re-judgment of a reserved attempt whose failure line
+        (``predecessor_line``, byte for byte) is in the failures sidecar. Admitting the same
+        predecessor again answers the open one (``already_open``)."""
+        line = (
+            predecessor_line.decode("utf-8")
+            if isinstance(predecessor_line, bytes)
+            else predecessor_line
+        )
+        response = self._send(
+            "POST",
+            f"/runs/{_segment(run_id)}/rejudgments",
+            json={
+                "lease_id": lease_id,
+                "rollout_id": rollout_id,
+                "attempt": attempt,
+                "predecessor_failure_id": predecessor_failure_id,
+                "predecessor_line": line,
+            },
+        )
+        return Rejudgment.from_dict(response.json(), already_open=response.status_code == 200)
+
+    def close_rejudgment(self, run_id: str, operation_id: str, lease_id: str, outcome: str) -> None:
+        """Close a re-judgment once its outcome (``graded``, ``failed``, ...) is saved."""
+        self._send(
+            "POST",
+            f"/runs/{_segment(run_id)}/rejudgments/{_segment(operation_id)}/close",
+            json={"lease_id": lease_id, "outcome": outcome},
+        )
+
+    # -- plan and classification --------------------------------------------------------
+
+    def plan(
+        self,
+        run_id: str,
+        *,
+        state: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Plan:
+        """The resume plan: counts per state, coverage and completion over the whole run, and
+        one page (``limit`` 1-1000) of rollouts, optionally of one ``state``."""
+        return Plan.from_dict(
+            self._object(
+                "GET",
+                f"/runs/{_segment(run_id)}/plan",
+                params={"state": state, "limit": limit, "cursor": cursor},
+            )
+        )
+
+    def iter_plan(
+        self, run_id: str, *, state: str | None = None, page_size: int | None = None
+    ) -> Iterator[PlanEntry]:
+        """Every rollout of the plan (optionally of one ``state``), in inventory order."""
+        cursor: str | None = None
+        while True:
+            page = self.plan(run_id, state=state, limit=page_size, cursor=cursor)
+            yield from page.entries
+            if page.next_cursor is None or not page.entries:
+                return
+            cursor = page.next_cursor
+
+    def classify(
+        self,
+        rows: Sequence[Mapping[str, Any]],
+        *,
+        policy: Mapping[str, Any] | None = None,
+        retry_terminal_timeouts: bool | None = None,
+    ) -> list[ClassifyDecision]:
+        """Every predicate's answer and the resume verdict of each row (retried on 503: it is a
+        pure function of its body)."""
+        body: dict[str, Any] = {"rows": [dict(r) for r in rows]}
+        if policy is not None:
+            body["policy"] = dict(policy)
+        if retry_terminal_timeouts is not None:
+            body["retry_terminal_timeouts"] = retry_terminal_timeouts
+        data = self._object("POST", "/classify", json=body, idempotent=True)
+        decisions = data.get("decisions")
+        if not isinstance(decisions, list):
+            return []
+        return [ClassifyDecision.from_dict(d) for d in decisions if isinstance(d, Mapping)]
+
+    # -- drift --------------------------------------------------------------------------
+
+    def drift(
+        self,
+        *,
+        run_id: str | None = None,
+        from_: str | None = None,
+        to: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> DriftPage:
+        """One page of resumes that crossed operational drift (oldest first), across runs or of
+        one ``run_id``, filtered by time (RFC 3339, ``from_`` inclusive, ``to`` exclusive) and
+        drifted ``key``."""
+        params = {"from": from_, "to": to, "key": key, "limit": limit, "cursor": cursor}
+        if run_id is not None:
+            return DriftPage.from_dict(
+                self._object("GET", f"/runs/{_segment(run_id)}/drift", params=params)
+            )
+        return DriftPage.from_dict(self._object("GET", "/drift", params=params))
+
+    def iter_drift(
+        self,
+        *,
+        run_id: str | None = None,
+        from_: str | None = None,
+        to: str | None = None,
+        key: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[DriftEvent]:
+        """Every drift event matching the filters, following ``next_cursor`` across pages."""
+        cursor: str | None = None
+        while True:
+            page = self.drift(
+                run_id=run_id, from_=from_, to=to, key=key, limit=page_size, cursor=cursor
+            )
+            yield from page.events
+            if page.next_cursor is None or not page.events:
+                return
+            cursor = page.next_cursor
+
+    # -- approvals ----------------------------------------------------------------------
+
+    def create_approval(
+        self,
+        run_id: str,
+        task_index: int,
+        rollout_index: int,
+        attempt_index: int,
+        reason: str,
+    ) -> Approval:
+        """Approve rerunning exactly one masked attempt that kept an answer without a grade
+        (operator); ``NotEligibleError`` says why another attempt is not eligible."""
+        return Approval.from_dict(
+            self._object(
+                "POST",
+                f"/runs/{_segment(run_id)}/approvals",
+                json={
+                    "task_index": task_index,
+                    "rollout_index": rollout_index,
+                    "attempt_index": attempt_index,
+                    "reason": reason,
+                },
+            )
+        )
+
+    def list_approvals(self, run_id: str) -> list[Approval]:
+        """A run's approvals, with their use and revocation."""
+        data = self._json("GET", f"/runs/{_segment(run_id)}/approvals")
+        if not isinstance(data, list):
+            return []
+        return [Approval.from_dict(a) for a in data if isinstance(a, Mapping)]
+
+    def revoke_approval(self, run_id: str, approval_id: str) -> None:
+        """Revoke an approval before an attempt uses it (operator; ``ConflictError`` when it
+        was used or revoked already)."""
+        self._send("DELETE", f"/runs/{_segment(run_id)}/approvals/{_segment(approval_id)}")
