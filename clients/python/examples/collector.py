@@ -16,8 +16,9 @@ has one): execution numbers are reserved through the service, in the manifest, b
 rollout is dispatched.
 
 The "model" is simulated: a rollout sleeps ``--delay`` seconds and scores
-``reward = (task_index % 2)``; with ``--fail-every N`` the first attempt of every N-th task fails
-with a retryable ``agent_run_error`` (retried in the same run, within the attempt cap).
+``reward = (task_index % 2)``; with ``--fail-every N`` the first ``--fail-attempts`` attempts
+(default 1) of every N-th task fail with a retryable ``agent_run_error``, retried in the same
+run (``--max-rounds``) within the run's attempt cap.
 
 Exit code: 0 complete, else the completion check's 75 / 1 / 76 (``IncompleteEvaluationError``);
 1 when the resume is refused (the semantic keys are printed) or the service refuses the run.
@@ -152,8 +153,8 @@ def run_rollout(
         "_ng_attempt_index": attempt,
         "_ng_run_id": run_id,
     }
-    if args.fail_every and task_index % args.fail_every == 0 and attempt == 0:
-        message = "simulated agent crash on the first attempt"
+    if args.fail_every and task_index % args.fail_every == 0 and attempt < args.fail_attempts:
+        message = f"simulated agent crash (attempt {attempt})"
         return False, {
             **row,
             **stamped,
@@ -216,6 +217,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--sandbox-port", type=int, default=8000)
     parser.add_argument("--delay", type=float, default=0.0, help="seconds per rollout")
     parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument("--fail-attempts", type=int, default=1)
     parser.add_argument("--batch", type=int, default=4, help="rollouts reserved at once")
     parser.add_argument("--max-rounds", type=int, default=3)
     parser.add_argument("--holder", default=None)

@@ -92,6 +92,7 @@ pub fn kind_status(kind: &str) -> KindStatus {
 
 /// Where in a rollout's life a failure originated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureStage {
     Admission,
@@ -116,6 +117,7 @@ impl FailureStage {
 
 /// Who is responsible for a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FailureClass {
     /// The evaluation (infrastructure, harness, verifier) failed: retry within the budget.

@@ -52,6 +52,7 @@ pub struct CallFailureEvent {
 
 /// How far a failed request got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Delivery {
     NotSent,

@@ -58,7 +58,7 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RegistryErro
 }
 
 /// What a reindex found and inserted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct ReindexReport {
     pub manifests: usize,
     pub runs: usize,
@@ -70,8 +70,10 @@ pub struct ReindexReport {
     pub resubmits_inserted: usize,
     pub rejudgments_inserted: usize,
     /// Runs whose output a manifest on disk showed to belong to another run now: (old, new).
+    #[schema(value_type = Vec<Vec<String>>)]
     pub superseded: Vec<(String, String)>,
     /// Files or lines that could not be read (path and reason).
+    #[schema(value_type = Vec<Vec<String>>)]
     pub unreadable: Vec<(String, String)>,
 }
 

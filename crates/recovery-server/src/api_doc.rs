@@ -15,25 +15,46 @@ const OPEN_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/openapi.jso
 
 /// Answers every authenticated route can give, with the codes behind them.
 const EVERY_ROUTE: [(&str, &str); 7] = [
-    ("401", "unauthenticated: the bearer token is missing or unknown"),
+    (
+        "401",
+        "unauthenticated: the bearer token is missing or unknown",
+    ),
     ("403", "forbidden: the caller's role may not do this"),
-    ("408", "request_timeout: the request took longer than RR_REQUEST_TIMEOUT_SECS"),
+    (
+        "408",
+        "request_timeout: the request took longer than RR_REQUEST_TIMEOUT_SECS",
+    ),
     ("414", "uri_too_long: the request target is over 8 KiB"),
     ("431", "headers_too_large: the headers are over 64 KiB"),
-    ("500", "internal: the service failed; nothing was half-written"),
-    ("503", "overloaded (retry after Retry-After) or the database does not answer"),
+    (
+        "500",
+        "internal: the service failed; nothing was half-written",
+    ),
+    (
+        "503",
+        "overloaded (retry after Retry-After) or the database does not answer",
+    ),
 ];
 
 /// Answers of a route that reads a body or query parameters.
 const WITH_INPUT: [(&str, &str); 2] = [
-    ("413", "payload_too_large: the body is over RR_BODY_LIMIT_MB"),
-    ("422", "invalid_request: a malformed body or parameter, naming the field"),
+    (
+        "413",
+        "payload_too_large: the body is over RR_BODY_LIMIT_MB",
+    ),
+    (
+        "422",
+        "invalid_request: a malformed body or parameter, naming the field",
+    ),
 ];
 
 /// Answers of a route about one run.
 const ON_A_RUN: [(&str, &str); 2] = [
     ("404", "not_found: no such run"),
-    ("409", "run_superseded (another run owns the output now) or another conflict of the run"),
+    (
+        "409",
+        "run_superseded (another run owns the output now) or another conflict of the run",
+    ),
 ];
 
 #[derive(Debug)]
@@ -103,7 +124,13 @@ impl utoipa::Modify for Links {
     fn modify(&self, openapi: &mut OpenApi) {
         let run_id = "$response.body#/run_id";
         let from_run = [
-            "get_run", "validate", "acquire", "holder", "plan", "run_drift", "list_approvals",
+            "get_run",
+            "validate",
+            "acquire",
+            "holder",
+            "plan",
+            "run_drift",
+            "list_approvals",
         ];
         link(openapi, "/runs", "201", &from_run, run_id, None);
         let lease_id = serde_json::json!({"lease_id": "$response.body#/lease_id"});
@@ -164,7 +191,10 @@ pub fn fix_link_field_names(doc: &mut serde_json::Value) {
             continue;
         };
         for link in links.values_mut().filter_map(|l| l.as_object_mut()) {
-            for (from, to) in [("operation_id", "operationId"), ("request_body", "requestBody")] {
+            for (from, to) in [
+                ("operation_id", "operationId"),
+                ("request_body", "requestBody"),
+            ] {
                 if let Some(value) = link.remove(from) {
                     link.insert(to.to_owned(), value);
                 }

@@ -215,27 +215,87 @@ impl From<recovery_runs::RunFilesError> for ApiError {
     }
 }
 
+/// Why a differing key refuses a resume (or that it does not), as `details.semantic_keys[].reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyReason {
+    /// A segment is a listed semantic key (or contains `dataset`).
+    ListedKey,
+    /// A segment names a prompt, template or rubric asset path.
+    AssetPath,
+    /// The last segment names a path of what a run reads (`model_path`, `data_dir`, ...).
+    ReadPath,
+    /// An operator declared the whole key semantic.
+    DeclaredKey,
+    /// A segment contains a semantic part (`judge`, `model`, ...).
+    SemanticPart,
+    /// No rule classifies the key: an unknown change refuses.
+    Unclassified,
+    /// The key is operational (resumes, journalled).
+    Operational,
+}
+
+/// One differing key of a refused resume.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct KeyView {
+    pub key: String,
+    /// `semantic` or `operational`.
+    pub class: &'static str,
+    pub reason: KeyReason,
+    /// The segment (or declared key) the rule matched.
+    pub segment: Option<String>,
+}
+
+/// `details` of a `resume_refused` answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ResumeRefusedDetails {
+    /// Mismatch codes (`config_digest`, `source_digest`, ...).
+    pub mismatches: Vec<&'static str>,
+    pub semantic_keys: Vec<KeyView>,
+}
+
+/// One differing key as refusals list it (the service's answers and the offline `validate`).
+pub fn key_view(key: &recovery_core::drift::ClassifiedKey) -> KeyView {
+    use recovery_core::drift::{KeyClass, SemanticReason as R};
+    let (class, reason, segment) = match &key.class {
+        KeyClass::Operational => ("operational", KeyReason::Operational, None),
+        KeyClass::Semantic(reason) => {
+            let (code, segment) = match reason {
+                R::ListedKey(s) => (KeyReason::ListedKey, Some(s)),
+                R::AssetPath(s) => (KeyReason::AssetPath, Some(s)),
+                R::ReadPath(s) => (KeyReason::ReadPath, Some(s)),
+                R::DeclaredKey(s) => (KeyReason::DeclaredKey, Some(s)),
+                R::SemanticPart(s) => (KeyReason::SemanticPart, Some(s)),
+                R::Unclassified => (KeyReason::Unclassified, None),
+            };
+            ("semantic", code, segment.cloned())
+        }
+    };
+    KeyView {
+        key: key.key.clone(),
+        class,
+        reason,
+        segment,
+    }
+}
+
 /// The semantic keys and mismatch codes of a refused resume.
 pub fn mismatch_details(mismatches: &[recovery_core::verdict::Mismatch]) -> serde_json::Value {
     use recovery_core::verdict::Mismatch;
-    let semantic: Vec<serde_json::Value> = mismatches
+    let semantic_keys = mismatches
         .iter()
         .filter_map(|m| match m {
             Mismatch::SemanticConfiguration(keys) => Some(keys),
             _ => None,
         })
         .flatten()
-        .map(|k| match &k.class {
-            recovery_core::drift::KeyClass::Semantic(reason) => {
-                let (code, segment) = reason.describe();
-                serde_json::json!({"key": k.key, "class": "semantic", "reason": code, "segment": segment})
-            }
-            recovery_core::drift::KeyClass::Operational => {
-                serde_json::json!({"key": k.key, "class": "operational", "reason": "operational", "segment": null})
-            }
-        })
+        .map(key_view)
         .collect();
-    serde_json::json!({"mismatches": mismatches.iter().map(Mismatch::code).collect::<Vec<_>>(), "semantic_keys": semantic})
+    let details = ResumeRefusedDetails {
+        mismatches: mismatches.iter().map(Mismatch::code).collect(),
+        semantic_keys,
+    };
+    serde_json::to_value(details).unwrap_or_default()
 }
 
 impl From<recovery_runs::OpError> for ApiError {
@@ -313,6 +373,18 @@ fn lock_error(error: recovery_sidecar::LockError) -> ApiError {
             ApiError::internal("opening the run's lock file", io)
         }
     }
+}
+
+/// The public view of a lease holder (no lease id: that is the holder's secret), as
+/// [`lease_holder`] writes it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LeaseHolder {
+    pub holder: String,
+    pub host: String,
+    pub pid: i64,
+    pub acquired_at: String,
+    pub renewed_at: String,
+    pub expires_at: String,
 }
 
 /// The public view of a lease holder (no lease id: that is the holder's secret).

@@ -6,13 +6,14 @@
 //! - [`serve`]: listen until shutdown, then release every lease.
 //! - [`openapi`]: the OpenAPI document (committed at `openapi/openapi.json`).
 
-pub mod config;
 pub mod api_doc;
+pub mod config;
 pub mod error;
 pub mod limits;
 pub mod routes;
 pub mod state;
 
+use api_doc::{CommonResponses, Links};
 use axum::Router;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
@@ -27,7 +28,6 @@ use std::sync::Arc;
 use std::time::Instant;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
-use api_doc::{CommonResponses, Links};
 use utoipa::OpenApi;
 
 #[derive(OpenApi)]
@@ -42,7 +42,7 @@ use utoipa::OpenApi;
         routes::leases::acquire, routes::leases::heartbeat, routes::leases::release, routes::leases::holder, routes::leases::takeover,
         routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
     ),
-    components(schemas(error::ApiErrorBody, error::ErrorCode)),
+    components(schemas(error::ApiErrorBody, error::ErrorCode, error::ResumeRefusedDetails, error::KeyView, error::KeyReason, error::LeaseHolder)),
     modifiers(&BearerAuth, &CommonResponses, &Links),
     tags(
         (name = "runs", description = "Create runs and validate resumes"),

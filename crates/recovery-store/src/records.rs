@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A run and the identity its manifest records.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunRecord {
     pub run_id: String,
     pub output_path: String,
@@ -22,7 +22,7 @@ pub struct RunRecord {
 }
 
 /// One `validate` outcome (refusals included).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ResumeEvent {
     pub event_id: String,
     pub run_id: Option<String>,
@@ -43,7 +43,7 @@ pub struct ResumeEvent {
 }
 
 /// One resume that proceeded across operational drift: keys and digests, never values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DriftEvent {
     pub event_id: String,
     pub run_id: String,
@@ -89,7 +89,7 @@ pub struct DriftFilter {
 }
 
 /// An operator's approval to rerun exactly one masked attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Approval {
     pub approval_id: String,
     pub run_id: String,
@@ -105,7 +105,7 @@ pub struct Approval {
 }
 
 /// Attempts an explicit recovery added to every rollout's cap.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct AttemptExtension {
     pub event_id: String,
     pub run_id: String,
@@ -117,7 +117,7 @@ pub struct AttemptExtension {
 }
 
 /// A resubmit: failures-sidecar lines up to `line_offset` no longer count.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Resubmit {
     pub event_id: String,
     pub run_id: String,
@@ -128,7 +128,7 @@ pub struct Resubmit {
 }
 
 /// A judge-only re-judgment, open until its outcome is saved.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Rejudgment {
     pub operation_id: String,
     pub run_id: String,

@@ -103,7 +103,7 @@ pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
         let drift = policy.classify_all(&keys);
         report["against"] = json!({
             "saved_digest": recovery_core::canonical::digest(&saved)?,
-            "semantic": drift.semantic.iter().map(semantic_key).collect::<Vec<_>>(),
+            "semantic": drift.semantic.iter().map(recovery_server::error::key_view).collect::<Vec<_>>(),
             "operational": drift.operational,
             "verdict": if drift.semantic.is_empty() { if drift.operational.is_empty() { "identical" } else { "resume with operational drift" } } else { "refused: semantic drift" },
         });
@@ -408,17 +408,4 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
     .await?;
     println!("{}", serde_json::to_string_pretty(&page)?);
     Ok(())
-}
-
-/// A semantic key as the service's refusals list it: the key, its stable reason, the segment.
-fn semantic_key(key: &recovery_core::drift::ClassifiedKey) -> Value {
-    match &key.class {
-        recovery_core::drift::KeyClass::Semantic(reason) => {
-            let (code, segment) = reason.describe();
-            json!({"key": key.key, "class": "semantic", "reason": code, "segment": segment})
-        }
-        recovery_core::drift::KeyClass::Operational => {
-            json!({"key": key.key, "class": "operational", "reason": "operational", "segment": null})
-        }
-    }
 }

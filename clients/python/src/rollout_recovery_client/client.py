@@ -123,13 +123,18 @@ class RecoveryClient:
         if not self._shares_transport:
             self._http.close()
 
-    def clone(self, *, retry: RetryPolicy | None = None) -> RecoveryClient:
+    def clone(
+        self,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout: float | httpx.Timeout | None = None,
+    ) -> RecoveryClient:
         """A client of the same service with the same credentials and connections of its own
         (for another thread; the lease keeper renews through one)."""
         return RecoveryClient(
             self._url,
             self._token,
-            self._timeout,
+            timeout if timeout is not None else self._timeout,
             retry=retry if retry is not None else self._retry,
             transport=self._transport,
             user_agent=self._user_agent,
@@ -164,8 +169,13 @@ class RecoveryClient:
         params: Mapping[str, Any] | None = None,
         idempotent: bool | None = None,
         check_leases: bool = True,
+        secret: str | None = None,
     ) -> httpx.Response:
-        """Send one request (retrying what is safe) and answer its success, or raise."""
+        """Send one request (retrying what is safe) and answer its success, or raise.
+
+        ``secret`` (a lease id the body carries) is blanked out of an error's message: the
+        service echoes the lease id in ``lease_not_held`` messages, and exceptions get logged.
+        """
         if check_leases:
             self._raise_lost()
         if idempotent is None:
@@ -233,6 +243,9 @@ class RecoveryClient:
                 )
                 policy.sleep(delay)
                 continue
+            if secret and secret in error.message:
+                error.message = error.message.replace(secret, "<lease id>")
+                error.args = (error.message,)
             raise error
 
     def _json(
@@ -243,8 +256,11 @@ class RecoveryClient:
         json: Any = None,
         params: Mapping[str, Any] | None = None,
         idempotent: bool | None = None,
+        secret: str | None = None,
     ) -> Any:
-        response = self._send(method, path, json=json, params=params, idempotent=idempotent)
+        response = self._send(
+            method, path, json=json, params=params, idempotent=idempotent, secret=secret
+        )
         try:
             return response.json()
         except ValueError as exc:
@@ -403,7 +419,7 @@ class RecoveryClient:
         if allow_unsafe:
             body["allow_unsafe"] = True
         return ValidateResult.from_dict(
-            self._object("POST", f"/runs/{_segment(run_id)}/validate", json=body)
+            self._object("POST", f"/runs/{_segment(run_id)}/validate", json=body, secret=lease_id)
         )
 
     # -- leases -------------------------------------------------------------------------
@@ -438,13 +454,22 @@ class RecoveryClient:
             body["ttl_seconds"] = ttl_seconds
         return Lease.from_dict(
             self._object(
-                "POST", f"/runs/{_segment(run_id)}/lease/heartbeat", json=body, idempotent=True
+                "POST",
+                f"/runs/{_segment(run_id)}/lease/heartbeat",
+                json=body,
+                idempotent=True,
+                secret=lease_id,
             )
         )
 
     def release_lease(self, run_id: str, lease_id: str) -> None:
         """Release a lease (and the run's lock)."""
-        self._send("DELETE", f"/runs/{_segment(run_id)}/lease", json={"lease_id": lease_id})
+        self._send(
+            "DELETE",
+            f"/runs/{_segment(run_id)}/lease",
+            json={"lease_id": lease_id},
+            secret=lease_id,
+        )
 
     def _release_quietly(self, run_id: str, lease_id: str) -> None:
         """Release without raising a pending lost lease first (the keeper's exit path)."""
@@ -453,6 +478,7 @@ class RecoveryClient:
             f"/runs/{_segment(run_id)}/lease",
             json={"lease_id": lease_id},
             check_leases=False,
+            secret=lease_id,
         )
 
     def takeover_lease(
@@ -527,6 +553,7 @@ class RecoveryClient:
             "POST",
             f"/runs/{_segment(run_id)}/attempts/reserve",
             json={"lease_id": lease_id, "rollout_ids": list(rollout_ids)},
+            secret=lease_id,
         )
         attempts = data.get("attempts")
         if not isinstance(attempts, Mapping):
@@ -582,6 +609,7 @@ class RecoveryClient:
                 "predecessor_failure_id": predecessor_failure_id,
                 "predecessor_line": line,
             },
+            secret=lease_id,
         )
         return Rejudgment.from_dict(response.json(), already_open=response.status_code == 200)
 
@@ -591,6 +619,7 @@ class RecoveryClient:
             "POST",
             f"/runs/{_segment(run_id)}/rejudgments/{_segment(operation_id)}/close",
             json={"lease_id": lease_id, "outcome": outcome},
+            secret=lease_id,
         )
 
     # -- plan and classification --------------------------------------------------------

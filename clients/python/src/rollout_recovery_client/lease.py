@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -207,9 +208,16 @@ class LeaseKeeper:
         self._released = False
         self._lost = None
         self._stop.clear()
+        # The renewal thread retries by itself until the lease's expiry: its requests are sent
+        # once each, and may take no longer than a renewal interval.
+        policy = self._client.retry_policy
+        renewer = self._client.clone(
+            retry=dataclasses.replace(policy, max_attempts=1),
+            timeout=max(1.0, self._ttl * self._fraction),
+        )
         self._thread = threading.Thread(
             target=self._renew_loop,
-            args=(self._client.clone(),),
+            args=(renewer,),
             name=f"rr-lease-{self.run_id[:12]}",
             daemon=True,
         )
@@ -246,8 +254,15 @@ class LeaseKeeper:
         with self._state_lock:
             if self._lost is not None:
                 return
+            # The cause's code, never its message: the service's message carries the lease id.
+            why = (
+                f"{cause.code}, HTTP {cause.status}"
+                if isinstance(cause, RecoveryError) and cause.status is not None
+                else (cause.code if isinstance(cause, RecoveryError) else type(cause).__name__)
+            )
             error = LeaseLostError(
-                f"the lease of run {self.run_id} held as {self.holder!r} was lost: {cause}",
+                f"the lease of run {self.run_id} held as {self.holder!r} was lost ({why}): "
+                "it expired or another holder took the run over; stop writing",
                 run_id=self.run_id,
                 cause=cause,
             )

@@ -42,6 +42,7 @@ pub const DEFAULT_MAX_ROLLOUT_ATTEMPTS: u64 = 3;
 
 /// Everything one row's predicates say, as `POST /classify` answers it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RowDecision {
     pub is_failure_row: bool,
     pub failure_kind: Option<String>,
@@ -73,6 +74,7 @@ pub struct RowDecision {
 /// What resume does with a row, read on its own (the budget decides between retry and
 /// exhaustion in the plan).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum RowVerdict {
     /// A scored result: kept, never rerun.
@@ -252,6 +254,7 @@ pub enum PlanError {
 
 /// Which saved file a row came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Artifact {
     Results,
@@ -307,6 +310,7 @@ impl Budget {
 
 /// One rollout's state on resume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum PlanState {
     Scored,
@@ -324,6 +328,7 @@ pub enum PlanState {
 
 /// The plan for one expected rollout.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PlanEntry {
     pub rollout_id: String,
     pub task_index: Option<Value>,
@@ -345,6 +350,7 @@ pub struct PlanEntry {
 
 /// The coverage snapshot (`<stem>_coverage.json`, facts §11.7), fields in the Python order.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Coverage {
     pub schema_version: u32,
     pub selection_policy: String,

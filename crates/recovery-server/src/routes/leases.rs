@@ -169,14 +169,25 @@ pub async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Who holds a run.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct HolderView {
+    pub run_id: String,
+    /// The live lease's holder (never its lease id), or null.
+    #[schema(value_type = Option<crate::error::LeaseHolder>)]
+    pub holder: Option<serde_json::Value>,
+    /// No lease, but another process (a Python collector) holds the run's `flock`.
+    pub locked_outside_service: bool,
+}
+
 /// Who holds a run (without the lease id).
 #[utoipa::path(get, path = "/runs/{run_id}/lease", tag = "leases", params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 200, body = Object, description = "The live holder, or null"), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 200, body = HolderView, description = "The live holder, or null"), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn holder(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
     caller: Caller,
-) -> ApiResult<Json<serde_json::Value>> {
+) -> ApiResult<Json<HolderView>> {
     caller.require(Role::Viewer)?;
     let (_, paths) = state.run(&run_id).await?;
     // An expired lease of ours is ended (its flock released) before it is reported gone, and a
@@ -191,11 +202,11 @@ pub async fn holder(
             matches!(probe, Err(recovery_runs::RunLockError::Locked(_)))
         }
     };
-    Ok(Json(serde_json::json!({
-        "run_id": run_id,
-        "holder": lease.as_ref().map(lease_holder),
-        "locked_outside_service": externally_locked,
-    })))
+    Ok(Json(HolderView {
+        run_id,
+        holder: lease.as_ref().map(lease_holder),
+        locked_outside_service: externally_locked,
+    }))
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -29,7 +29,7 @@ pub struct ApprovalRequest {
 /// Approve rerunning one masked result that kept an answer but has no grade (operator).
 #[utoipa::path(post, path = "/runs/{run_id}/approvals", tag = "approvals", request_body = ApprovalRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 201, body = Object, description = "The approval"),
+    responses((status = 201, body = recovery_store::Approval, description = "The approval"),
         (status = 409, description = "not_eligible with the attempt's state and reason", body = ApiErrorBody),
         (status = 403, description = "Only operators approve", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
@@ -61,7 +61,7 @@ pub async fn approve(
 
 /// List a run's approvals (with their use and revocation).
 #[utoipa::path(get, path = "/runs/{run_id}/approvals", tag = "approvals", params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 200, body = Vec<Object>), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 200, body = Vec<recovery_store::Approval>), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn list_approvals(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
@@ -108,7 +108,7 @@ pub struct ExtendRequest {
 /// Add attempts to every rollout's cap (operator, `--extend-attempts`).
 #[utoipa::path(post, path = "/runs/{run_id}/attempts/extend", tag = "attempts", request_body = ExtendRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 201, body = Object), (status = 422, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 403, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 201, body = recovery_store::AttemptExtension), (status = 422, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 403, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn extend(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
@@ -146,7 +146,7 @@ pub struct ResubmitRequest {
 /// Reset the failure budget: earlier failures no longer count (operator; no live lease).
 #[utoipa::path(post, path = "/runs/{run_id}/attempts/resubmit", tag = "attempts", request_body = ResubmitRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 201, body = Object), (status = 423, description = "The run is leased or locked", body = ApiErrorBody),
+    responses((status = 201, body = recovery_store::Resubmit), (status = 423, description = "The run is leased or locked", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 403, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn resubmit(
     State(state): State<AppState>,
@@ -248,7 +248,7 @@ pub struct AdmitRejudgeRequest {
 /// predecessor again answers the open re-judgment (200).
 #[utoipa::path(post, path = "/runs/{run_id}/rejudgments", tag = "rejudgments", request_body = AdmitRejudgeRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 201, body = Object, description = "Admitted"), (status = 200, body = Object, description = "Already admitted for this predecessor"),
+    responses((status = 201, body = recovery_store::Rejudgment, description = "Admitted"), (status = 200, body = recovery_store::Rejudgment, description = "Already admitted for this predecessor"),
         (status = 409, description = "Another re-judgment of this attempt is open, or lease_not_held", body = ApiErrorBody),
         (status = 422, description = "Bad id, unreserved attempt, or a predecessor line the failures sidecar does not hold", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]

@@ -46,7 +46,6 @@ pub struct RunDriftParams {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DriftPage {
-    #[schema(value_type = Vec<Object>)]
     pub events: Vec<DriftEvent>,
     pub next_cursor: Option<String>,
 }
@@ -149,7 +148,6 @@ pub struct ClassifyRequest {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ClassifyResponse {
-    #[schema(value_type = Vec<Object>)]
     pub decisions: Vec<RowDecision>,
 }
 
@@ -258,17 +256,14 @@ pub struct PlanResponse {
     /// Saved cap (or the default) plus extensions.
     pub cap: u64,
     /// Rollouts per state (over the whole run).
-    #[schema(value_type = Object)]
     pub state_counts: BTreeMap<PlanState, u64>,
     /// The coverage snapshot (facts 11.7 fields).
-    #[schema(value_type = Object)]
     pub coverage: Coverage,
     pub budget_message: Option<String>,
     pub warnings: Vec<String>,
     /// The collector's completion check over the whole run.
     pub completion: PlanCompletion,
     /// This page's rollouts: state, reason, latest and next attempt.
-    #[schema(value_type = Vec<Object>)]
     pub entries: Vec<PlanEntry>,
     /// Pass as `cursor` for the next page; absent on the last one.
     pub next_cursor: Option<String>,

@@ -360,14 +360,13 @@ async fn validate_inner(
 /// A run as dashboards see it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RunView {
-    #[schema(value_type = Object)]
     pub run: RunRecord,
     /// The manifest on disk (null when missing or unreadable).
     #[schema(value_type = Option<Object>)]
     pub manifest: Option<Value>,
     pub manifest_problem: Option<String>,
     /// The live lease holder, if any (without the lease id).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<crate::error::LeaseHolder>)]
     pub lease: Option<Value>,
     pub saved_cap: Option<u64>,
     pub attempt_extension: Option<u64>,
@@ -377,7 +376,6 @@ pub struct RunView {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct RunList {
-    #[schema(value_type = Vec<Object>)]
     pub runs: Vec<RunRecord>,
     /// Pass as `cursor` for the next page.
     pub next_cursor: Option<String>,

@@ -39,7 +39,7 @@ pub async fn openapi() -> Json<serde_json::Value> {
 /// Bring the database up to date with the files under the roots now (operator): runs written by
 /// Python collectors are adopted, their journal lines indexed, superseded runs marked.
 #[utoipa::path(post, path = "/reindex", tag = "system",
-    responses((status = 200, body = Object, description = "What was found and inserted"),
+    responses((status = 200, body = recovery_runs::ReindexReport, description = "What was found and inserted"),
         (status = 403, body = crate::error::ApiErrorBody), (status = 401, body = crate::error::ApiErrorBody)))]
 pub async fn reindex(
     State(state): State<AppState>,

@@ -1,0 +1,358 @@
+"""Every client method against the real service, and the typed results it answers."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from pathlib import Path
+
+from rollout_recovery_client import (
+    Approval,
+    Manifest,
+    Plan,
+    RecoveryClient,
+    RunCreated,
+    RunView,
+)
+from support import (
+    RunSpec,
+    Service,
+    append_jsonl,
+    bundle,
+    failure_row,
+    masked_row,
+    new_output,
+    result_row,
+)
+
+
+def test_system_endpoints(client: RecoveryClient) -> None:
+    assert client.healthz() is True
+    assert client.readyz() is True
+    doc = client.openapi()
+    assert doc["info"]["title"] == "rollout-recovery"
+    assert "/runs/{run_id}/validate" in doc["paths"]
+    assert "rollout_recovery_http_requests_total" in client.metrics()
+
+
+def test_create_get_find_and_list_runs(client: RecoveryClient, root: Path) -> None:
+    output, source = new_output(root, "create")
+    config, global_config = bundle()
+    rows = [{"agent_ref": {"name": "agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0}]
+    created = client.create_run(output, source, config, global_config, rows, max_rollout_attempts=5)
+    assert isinstance(created, RunCreated)
+    assert len(created.run_id) == 32
+    assert created.output_path == str(output)
+    assert created.manifest is not None
+    assert created.manifest.run_id == created.run_id
+    assert created.manifest.max_rollout_attempts == 5
+    assert created.config_digest == created.manifest.config_digest
+    assert created.raw["run_id"] == created.run_id
+    # The service made the files a collector appends to, beside the output.
+    assert output.exists()
+    assert output.with_name("out_failures.jsonl").exists()
+    assert output.with_name("out_manifest.json").exists()
+
+    view = client.get_run(created.run_id)
+    assert isinstance(view, RunView)
+    assert view.run_id == created.run_id
+    assert view.run.output_path == str(output)
+    assert view.lease is None
+    assert view.saved_cap == 5
+    assert view.effective_cap == 5
+    assert isinstance(view.manifest, Manifest)
+    assert view.manifest.schema_version == 2
+    assert view.manifest.selection_policy == "latest_allocated"
+
+    found = client.find_run(output)
+    assert found is not None
+    assert found.run_id == created.run_id
+    assert client.find_run(root / "nothing-here" / "out.jsonl") is None
+
+    page = client.list_runs(limit=1)
+    assert len(page.runs) == 1
+    ids = [r.run_id for r in client.iter_runs(page_size=1)]
+    assert created.run_id in ids
+    assert len(ids) == len(set(ids)), "paging repeats no run"
+
+
+def test_validate_reuse_drift_and_override(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run()
+    reuse = client.validate(spec.run_id, spec.config, spec.global_config, spec.source, spec.rows)
+    assert reuse.outcome == "reuse"
+    assert reuse.reuse
+    assert reuse.operational_keys == []
+    assert reuse.drift_event_id is None
+
+    drifted_tree = copy.deepcopy(spec.global_config)
+    drifted_tree["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = 8001
+    drift = client.validate(spec.run_id, spec.config, drifted_tree, spec.source)
+    assert drift.drifted
+    assert drift.operational_keys == [
+        "servers.agent.responses_api_agents.simple_agent.sandbox_port"
+    ]
+    assert drift.drift_event_id
+    assert drift.config_digest != reuse.config_digest
+
+    changed = copy.deepcopy(spec.config)
+    changed["responses_create_params"]["temperature"] = 0.9
+    overridden = client.validate(
+        spec.run_id, changed, spec.global_config, spec.source, allow_unsafe=True
+    )
+    assert overridden.outcome == "overridden"
+    assert overridden.manifest is not None
+    assert overridden.manifest.identity_overridden is True
+
+
+def test_lease_operations(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:
+    spec = new_run()
+    lease = client.acquire_lease(spec.run_id, "collector-a", ttl_seconds=30, host="node-7", pid=42)
+    assert lease.run_id == spec.run_id
+    assert lease.holder == "collector-a"
+    assert lease.lease_id not in repr(lease), "the lease id is the holder's secret"
+
+    status = client.lease_holder(spec.run_id)
+    assert status.holder is not None
+    assert (status.holder.holder, status.holder.host, status.holder.pid) == (
+        "collector-a",
+        "node-7",
+        42,
+    )
+    assert status.locked_outside_service is False
+    assert client.get_run(spec.run_id).lease is not None
+
+    renewed = client.heartbeat(spec.run_id, lease.lease_id, ttl_seconds=60)
+    assert renewed.lease_id == lease.lease_id
+    assert renewed.expires_at > lease.expires_at
+
+    taken = client.takeover_lease(spec.run_id, "operator-b", "collector-a is stuck", ttl_seconds=30)
+    assert taken.lease_id != lease.lease_id
+    holder = client.lease_holder(spec.run_id).holder
+    assert holder is not None
+    assert holder.holder == "operator-b"
+
+    client.release_lease(spec.run_id, taken.lease_id)
+    assert client.lease_holder(spec.run_id).holder is None
+
+
+def test_reserve_extend_and_resubmit(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run(tasks=2)
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    assert client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0", "1-0"]) == {
+        "0-0": 0,
+        "1-0": 0,
+    }
+    assert client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0"]) == {"0-0": 1}
+    manifest = client.get_run(spec.run_id).manifest
+    assert manifest is not None
+    assert manifest.next_attempt == {"0-0": 2, "1-0": 1}
+    client.release_lease(spec.run_id, lease.lease_id)
+
+    extension = client.extend_attempts(spec.run_id, 2, "provider outage")
+    assert extension.extend_attempts == 2
+    assert extension.run_id == spec.run_id
+    assert extension.reason == "provider outage"
+    view = client.get_run(spec.run_id)
+    assert (view.saved_cap, view.attempt_extension, view.effective_cap) == (3, 2, 5)
+    assert client.plan(spec.run_id).cap == 5
+
+    append_jsonl(spec.failures, [failure_row(spec.run_id, 1)])
+    resubmit = client.resubmit(spec.run_id, "start the budget over")
+    assert resubmit.run_id == spec.run_id
+    assert resubmit.line_offset == 1
+
+
+def test_rejudgment_admit_reopen_and_close(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run(tasks=1)
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0"])
+    (line,) = append_jsonl(
+        spec.failures, [failure_row(spec.run_id, 0, _ng_failure_class="judge_failed")]
+    )
+
+    admitted = client.admit_rejudgment(spec.run_id, lease.lease_id, "0-0", 0, "failure-1", line)
+    assert admitted.already_open is False
+    assert admitted.attempt_key == "0-0-a0"
+    assert admitted.predecessor_failure_id == "failure-1"
+    assert len(admitted.predecessor_sha256) == 64
+    manifest = client.get_run(spec.run_id).manifest
+    assert manifest is not None
+    assert manifest.pending_rejudge["0-0-a0"].operation_id == admitted.operation_id
+
+    again = client.admit_rejudgment(
+        spec.run_id, lease.lease_id, "0-0", 0, "failure-1", (line + "\n").encode()
+    )
+    assert again.already_open is True
+    assert again.operation_id == admitted.operation_id
+
+    client.close_rejudgment(spec.run_id, admitted.operation_id, lease.lease_id, "graded")
+    manifest = client.get_run(spec.run_id).manifest
+    assert manifest is not None
+    assert manifest.pending_rejudge == {}
+    client.release_lease(spec.run_id, lease.lease_id)
+
+
+def _plan_fixture(client: RecoveryClient, spec: RunSpec) -> None:
+    """Task 0 scored, task 1 masked with a kept answer (awaiting approval), task 2 failed
+    (retryable), task 3 never dispatched (missing)."""
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0", "1-0", "2-0"])
+    client.release_lease(spec.run_id, lease.lease_id)
+    append_jsonl(spec.output, [result_row(spec.run_id, 0), masked_row(spec.run_id, 1)])
+    append_jsonl(spec.failures, [failure_row(spec.run_id, 2)])
+
+
+def test_plan_pages_and_filters(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:
+    spec = new_run(tasks=4)
+    _plan_fixture(client, spec)
+    plan = client.plan(spec.run_id)
+    assert isinstance(plan, Plan)
+    assert plan.state_counts == {"scored": 1, "awaiting_approval": 1, "retryable": 1, "missing": 1}
+    assert [e.state for e in plan.entries] == [
+        "scored",
+        "awaiting_approval",
+        "retryable",
+        "missing",
+    ]
+    retryable = plan.entries[2]
+    assert (retryable.rollout_id, retryable.next_attempt, retryable.counted_failures) == (
+        "2-0",
+        1,
+        1,
+    )
+    assert retryable.failure_kind == "agent_run_error"
+    assert plan.coverage.expected == 4
+    assert plan.coverage.successful == 2
+    assert plan.completion is not None
+    assert plan.completion.exit_code == 75
+    assert plan.next_cursor is None
+    assert {"entries", "coverage", "budget_message", "warnings"} <= set(plan.raw)
+
+    only = client.plan(spec.run_id, state="retryable")
+    assert [e.rollout_id for e in only.entries] == ["2-0"]
+    assert only.state_counts == plan.state_counts, "counts are over the whole run"
+
+    first = client.plan(spec.run_id, limit=1)
+    assert len(first.entries) == 1
+    assert first.next_cursor is not None
+    second = client.plan(spec.run_id, limit=1, cursor=first.next_cursor)
+    assert second.entries[0].rollout_id == "1-0"
+
+    assert [e.rollout_id for e in client.iter_plan(spec.run_id, page_size=1)] == [
+        "0-0",
+        "1-0",
+        "2-0",
+        "3-0",
+    ]
+    assert [e.rollout_id for e in client.iter_plan(spec.run_id, state="missing")] == ["3-0"]
+
+
+def test_classify(client: RecoveryClient) -> None:
+    decisions = client.classify(
+        [failure_row("r", 0), result_row("r", 0)], retry_terminal_timeouts=False
+    )
+    assert [d.verdict for d in decisions] == ["retry", "keep"]
+    failure, result = decisions
+    assert failure.is_failure_row
+    assert failure.failure_kind == "agent_run_error"
+    assert failure.responsibility == "model"
+    assert result.keeps_saved_answer
+    assert "has_saved_generation" in result.raw
+
+
+def test_drift_pages_filters_and_iterator(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run()
+    key = "servers.agent.responses_api_agents.simple_agent.sandbox_port"
+    event_ids = []
+    for port in (8001, 8002, 8003):
+        tree = copy.deepcopy(spec.global_config)
+        tree["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = port
+        verdict = client.validate(spec.run_id, spec.config, tree, spec.source)
+        event_ids.append(verdict.drift_event_id)
+
+    page = client.drift(run_id=spec.run_id, limit=2)
+    assert [e.event_id for e in page.events] == event_ids[:2]
+    assert page.next_cursor is not None
+    events = list(client.iter_drift(run_id=spec.run_id, page_size=1))
+    assert [e.event_id for e in events] == event_ids
+    assert all(e.operational_keys == [key] for e in events)
+    assert all(e.run_id == spec.run_id for e in events)
+    assert events[0].saved_config_digest != events[0].current_config_digest
+
+    across = [e.event_id for e in client.iter_drift(key=key, page_size=2)]
+    assert set(event_ids) <= set(across)
+    filtered = client.drift(run_id=spec.run_id, key="no.such.key")
+    assert filtered.events == []
+    assert client.drift(from_="2999-01-01T00:00:00Z").events == []
+    since = list(client.iter_drift(run_id=spec.run_id, from_=events[1].at))
+    assert [e.event_id for e in since] == event_ids[1:]
+    # The journal beside the manifest holds one line per resume across drift.
+    journal = spec.companion("_manifest_resume_drift.jsonl").read_text().splitlines()
+    assert len(journal) == 3
+
+
+def test_approvals_create_list_revoke(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run(tasks=4)
+    _plan_fixture(client, spec)
+    approval = client.create_approval(spec.run_id, 1, 0, 0, "the verifier lost the artifact")
+    assert isinstance(approval, Approval)
+    assert (approval.task_index, approval.rollout_index, approval.attempt_index) == (1, 0, 0)
+    assert approval.active
+    assert client.plan(spec.run_id, state="approved_rerun").entries[0].next_attempt == 1
+
+    listed = client.list_approvals(spec.run_id)
+    assert [a.approval_id for a in listed] == [approval.approval_id]
+
+    client.revoke_approval(spec.run_id, approval.approval_id)
+    (revoked,) = client.list_approvals(spec.run_id)
+    assert revoked.revoked_at is not None
+    assert not revoked.active
+    assert client.plan(spec.run_id).state_counts.get("awaiting_approval") == 1
+
+
+def test_reindex_and_raw_request(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:
+    spec = new_run()
+    report = client.reindex()
+    assert report.manifests >= 1
+    assert "drift_inserted" in report.raw
+    raw = client.request("GET", f"/runs/{spec.run_id}")
+    assert raw["run"]["run_id"] == spec.run_id
+    assert client.request("GET", "/healthz") == "ok"
+
+
+def test_results_keep_unknown_fields(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run()
+    view = client.get_run(spec.run_id)
+    assert set(view.raw) >= {"run", "manifest", "lease", "saved_cap"}
+    assert view.manifest is not None
+    assert view.manifest.raw["pending_rejudge"] == {}
+
+
+def test_repr_hides_the_token(service: Service) -> None:
+    with RecoveryClient(service.url, "very-secret-token-value") as c:
+        assert "very-secret-token-value" not in repr(c)
+        assert "token=<set>" in repr(c)
+
+
+def test_lease_holder_appears_while_held(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run()
+    with client.lease(spec.run_id, "watcher", ttl_seconds=30) as held:
+        status = client.lease_holder(spec.run_id)
+        assert status.holder is not None
+        assert status.holder.holder == "watcher"
+        assert held.ttl == 30
+    assert client.lease_holder(spec.run_id).holder is None
