@@ -3,6 +3,7 @@ across an operational change (journalled drift), refused across a semantic chang
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import uuid
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import collector as example
-from rollout_recovery_client import RecoveryClient, ResumeRefusedError, guard_run
+from rollout_recovery_client import RecoveryClient, ResumeRefusedError, RunRecord, guard_run
 from support import (
     Service,
     bundle,
@@ -155,3 +156,22 @@ def test_create_kill_resume_drift_refuse(client: RecoveryClient, service: Servic
     refused = next(e for e in events if e["event"] == "refused")
     assert refused["keys"] == [TEMPERATURE_KEY]
     assert output.read_bytes() == after, "a refused resume writes nothing"
+
+
+class _LateClient(RecoveryClient):
+    """Sees no run at the output, as a collector racing another one's create does."""
+
+    def find_run(self, output_path: str | os.PathLike[str]) -> RunRecord | None:
+        return None
+
+
+def test_guard_adopts_a_run_created_concurrently(service: Service) -> None:
+    output, source = new_output(service.root, "race")
+    config, tree = bundle(limit=1)
+    rows = input_rows(1)
+    with service.client() as winner:
+        created = winner.create_run(output, source, config, tree, rows)
+    with _LateClient(service.url) as late, guard_run(late, output, config, tree, rows, source) as g:
+        assert not g.created, "run_exists: the other collector's run is adopted"
+        assert g.run_id == created.run_id
+        assert g.outcome == "reuse"
