@@ -26,7 +26,7 @@ pub enum LeaseError {
     Held(Box<Lease>),
     #[error(transparent)]
     Locked(#[from] LockError),
-    #[error("lease {lease_id} does not hold run {run_id} (expired, released or taken over)")]
+    #[error("the lease presented does not hold run {run_id} (expired, released or taken over)")]
     NotHolder { run_id: String, lease_id: String },
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -277,7 +277,7 @@ impl Registry {
             Ok(())
         } else {
             Err(OpError::LeaseNotHeld(format!(
-                "lease {lease_id} does not hold run {run_id}"
+                "the lease presented does not hold run {run_id}"
             )))
         }
     }

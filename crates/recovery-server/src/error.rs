@@ -571,7 +571,7 @@ pub async fn in_error_shape(response: Response) -> Response {
         .into_response(),
         StatusCode::REQUEST_TIMEOUT => ApiError::new(
             ErrorCode::RequestTimeout,
-            "the request took longer than the service allows (RR_REQUEST_TIMEOUT_SECS); its work was stopped",
+            "the request took longer than the service allows (RR_REQUEST_TIMEOUT_SECS); heavy reads it started are stopped, a change it started runs to completion (read the run before retrying)",
         )
         .into_response(),
         StatusCode::METHOD_NOT_ALLOWED => {

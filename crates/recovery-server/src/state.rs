@@ -253,10 +253,10 @@ impl AppState {
                 )
                 .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})))
             }
-            (None, Some(presented)) => Err(ApiError::new(
+            (None, Some(_)) => Err(ApiError::new(
                 ErrorCode::LeaseNotHeld,
                 format!(
-                    "lease {presented} does not hold run {run_id} (expired, released or taken over)"
+                    "the lease presented does not hold run {run_id} (expired, released or taken over)"
                 ),
             )),
             _ => Ok(()),

@@ -77,7 +77,7 @@ struct ServeArgs {
     /// Directories output paths must lie under (repeat, or comma-separated); default: <data-dir>/runs.
     #[arg(long = "root", env = "RR_ROOTS", value_delimiter = ',')]
     roots: Vec<PathBuf>,
-    /// Bearer tokens as role:name:token (roles: viewer, collector, operator); none: unauthenticated, loopback only.
+    /// Bearer tokens as role:name:token, the token at least 16 characters (roles: viewer, collector, operator); none: unauthenticated, loopback only.
     #[arg(
         long = "token",
         env = "RR_TOKENS",

@@ -437,11 +437,19 @@ pub fn completion(
         .filter(|(state, n)| **n > 0 && !matches!(state, PlanState::Scored | PlanState::ModelFinal))
         .map(|(state, n)| format!("{n} {}", state.label()))
         .collect();
+    let retryable = runnable.iter().any(|state| count(*state) > 0);
+    // Exit 76 says a resume alone cannot help: the message says what can.
+    let next = if retryable {
+        "saved partial results are valid and a resume continues them"
+    } else {
+        "saved partial results are valid, but a resume has nothing to run: approve masked reruns, \
+         extend attempts or resubmit first"
+    };
     let mut error = crate::errors::IncompleteEvaluationError::new(format!(
-        "{completed}/{expected} samples completed ({}); saved partial results are valid and a resume continues them.",
+        "{completed}/{expected} samples completed ({}); {next}.",
         gaps.join(", ")
     ));
-    error.retryable = runnable.iter().any(|state| count(*state) > 0);
+    error.retryable = retryable;
     error.made_progress = completed > 0;
     Err(error)
 }

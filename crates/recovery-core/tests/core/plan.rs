@@ -849,13 +849,14 @@ fn item_7_completion_follows_has_only_intentional_gaps_and_never_counts_masked_a
             .starts_with("1/2 samples completed (1 masked)"),
         "{error}"
     );
-    let runnable = Run::new(2).result(0, 0, scored()).default_plan();
-    assert_eq!(
-        completion(&runnable.state_counts())
-            .expect_err("one to run")
-            .exit_code(),
-        75
+    assert!(
+        error.message.contains("a resume has nothing to run"),
+        "exit 76 never promises that a resume continues: {error}"
     );
+    let runnable = Run::new(2).result(0, 0, scored()).default_plan();
+    let error = completion(&runnable.state_counts()).expect_err("one to run");
+    assert_eq!(error.exit_code(), 75);
+    assert!(error.message.ends_with("a resume continues them."), "{error}");
 }
 
 /// Item 8: a masked `judge_*` result that kept its answer is re-judged (facts §16:

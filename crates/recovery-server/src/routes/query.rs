@@ -85,10 +85,13 @@ async fn drift_page(
             ),
             None => None,
         },
-        limit,
+        // One more than the page: a cursor is given only when another event follows.
+        limit: limit + 1,
     };
-    let events = state.registry.store().query_drift(&filter).await?;
-    let next_cursor = (events.len() as u32 == limit)
+    let mut events = state.registry.store().query_drift(&filter).await?;
+    let more = events.len() > limit as usize;
+    events.truncate(limit as usize);
+    let next_cursor = more
         .then(|| {
             events.last().map(|e| {
                 Cursor {

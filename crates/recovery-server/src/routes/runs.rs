@@ -436,12 +436,15 @@ pub async fn list_runs(
         None => None,
     };
     let limit = crate::error::page_limit(params.limit, 100)?;
-    let runs = state
+    // One more than the page: a cursor is given only when another run follows.
+    let mut runs = state
         .registry
         .store()
-        .list_runs(limit, cursor.as_ref())
+        .list_runs(limit + 1, cursor.as_ref())
         .await?;
-    let next_cursor = (runs.len() as u32 == limit)
+    let more = runs.len() > limit as usize;
+    runs.truncate(limit as usize);
+    let next_cursor = more
         .then(|| {
             runs.last().map(|r| {
                 Cursor {

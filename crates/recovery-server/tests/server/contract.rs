@@ -319,3 +319,56 @@ async fn framework_answers_come_out_in_the_error_shape() {
         "role names, never debug text"
     );
 }
+
+#[tokio::test]
+async fn a_refused_lease_id_is_never_echoed_and_a_full_last_page_has_no_cursor() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let guessed = "0123456789abcdef0123456789abcdef";
+    for (method, route) in [
+        (Method::POST, "/lease/heartbeat"),
+        (Method::DELETE, "/lease"),
+    ] {
+        let reply = app
+            .call(
+                method,
+                &format!("/runs/{run_id}{route}"),
+                Some(COLLECTOR),
+                Some(json!({"lease_id": guessed})),
+            )
+            .await;
+        assert_eq!(
+            reply.body["code"], "lease_not_held",
+            "{route}: {}",
+            reply.body
+        );
+        assert!(
+            !reply.body.to_string().contains(guessed),
+            "{route}: the lease id is the holder's secret: {}",
+            reply.body
+        );
+    }
+    // Exactly one run and one drift event: a page of one is the last page.
+    app.call(
+        Method::POST,
+        &format!("/runs/{run_id}/validate"),
+        Some(COLLECTOR),
+        Some(app.validate_body(0.3, 9000)),
+    )
+    .await;
+    for list in ["/runs?limit=1", "/drift?limit=1"] {
+        let page = app.call(Method::GET, list, Some(VIEWER), None).await;
+        let items = page.body.as_object().and_then(|o| {
+            o.get("runs")
+                .or_else(|| o.get("events"))
+                .and_then(Value::as_array)
+        });
+        assert_eq!(items.map(Vec::len), Some(1), "{list}: {}", page.body);
+        assert_eq!(
+            page.body["next_cursor"],
+            Value::Null,
+            "{list}: {}",
+            page.body
+        );
+    }
+}
