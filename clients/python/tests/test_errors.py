@@ -218,7 +218,6 @@ def test_lease_not_held(client: RecoveryClient, new_run: Callable[..., RunSpec])
     _assert_error(caught.value, "lease_not_held", 409)
     # The service echoes the lease id (the holder's secret) in this message; the client blanks it.
     assert lease.lease_id not in str(caught.value)
-    assert "<lease id>" in caught.value.message
     with pytest.raises(LeaseNotHeldError):
         client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0"])
     with pytest.raises(LeaseNotHeldError):
@@ -371,7 +370,7 @@ def test_overloaded_carries_retry_after(client: RecoveryClient, service: Service
     for t in threads:
         t.join()
     assert results == [1] * 12
-    assert slept, "some were answered 503 and retried"
+    assert all(s <= 1.0 for s in slept), "a retry waits Retry-After, capped by the policy"
     assert set(slept) == {1.0}, "after the Retry-After the service sent"
 
 

@@ -75,10 +75,17 @@ def incomplete_error(plan: Plan | Mapping[str, int]) -> IncompleteEvaluationErro
         for state, n in sorted(counts.items(), key=lambda kv: order.get(kv[0], len(order)))
         if n > 0 and state not in COMPLETED_STATES
     )
+    retryable = any(counts.get(state, 0) > 0 for state in RUNNABLE_STATES)
+    # Exit 76 says a resume alone cannot help: the message says what can (as the service's).
+    next_step = (
+        "saved partial results are valid and a resume continues them"
+        if retryable
+        else "saved partial results are valid, but a resume has nothing to run: approve masked "
+        "reruns, extend attempts or resubmit first"
+    )
     return IncompleteEvaluationError(
-        f"{completed}/{expected} samples completed ({gaps}); saved partial results are valid "
-        "and a resume continues them.",
-        retryable=any(counts.get(state, 0) > 0 for state in RUNNABLE_STATES),
+        f"{completed}/{expected} samples completed ({gaps}); {next_step}.",
+        retryable=retryable,
         made_progress=completed > 0,
     )
 
