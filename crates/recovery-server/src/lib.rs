@@ -12,6 +12,7 @@ pub mod error;
 pub mod limits;
 pub mod routes;
 pub mod state;
+pub mod ui;
 
 use api_doc::{CommonResponses, Links};
 use axum::Router;
@@ -40,7 +41,7 @@ use utoipa::OpenApi;
         routes::ops::extend, routes::ops::resubmit, routes::ops::reserve,
         routes::ops::admit_rejudgment, routes::ops::close_rejudgment,
         routes::leases::acquire, routes::leases::heartbeat, routes::leases::release, routes::leases::holder, routes::leases::takeover,
-        routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
+        routes::audit::audit, routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
     ),
     components(schemas(error::ApiErrorBody, error::ErrorCode, error::ResumeRefusedDetails, error::KeyView, error::KeyReason, error::LeaseHolder)),
     modifiers(&BearerAuth, &CommonResponses, &Links),
@@ -165,10 +166,12 @@ pub fn app(state: AppState) -> Router {
             post(routes::leases::takeover),
         )
         .route("/reindex", post(routes::system::reindex))
+        .route("/audit", get(routes::audit::audit))
         .route("/healthz", get(routes::system::healthz))
         .route("/readyz", get(routes::system::readyz))
         .route("/metrics", get(routes::system::metrics))
         .route("/openapi.json", get(routes::system::openapi))
+        .merge(ui::router())
         .fallback(error::fallback)
         .layer(middleware::from_fn(record_metrics))
         .layer(axum::extract::DefaultBodyLimit::max(limit))

@@ -18,6 +18,8 @@ const SECRET: &str = "sk-live-S3CR3T-value";
 
 #[path = "server/concurrency.rs"]
 mod concurrency;
+#[path = "server/console.rs"]
+mod console;
 #[path = "server/contract.rs"]
 mod contract;
 

@@ -510,6 +510,42 @@ impl Store {
             .collect()
     }
 
+    /// Runs whose output path contains `text`, newest first, paged like [`Self::list_runs`].
+    pub async fn search_runs(
+        &self,
+        text: &str,
+        limit: u32,
+        before: Option<&Cursor>,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let pattern = format!(
+            "%{}%",
+            text.replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        );
+        let mut sql = format!(
+            "SELECT {} FROM runs WHERE output_path LIKE $1 ESCAPE '\\'",
+            Self::RUN_COLUMNS
+        );
+        if before.is_some() {
+            sql.push_str(" AND (created_at < $2 OR (created_at = $2 AND run_id < $3))");
+        }
+        sql.push_str(&format!(
+            " ORDER BY created_at DESC, run_id DESC LIMIT {}",
+            limit.clamp(1, 1000)
+        ));
+        let mut query = sqlx::query(&sql).bind(pattern);
+        if let Some(cursor) = before {
+            query = query.bind(&cursor.at).bind(&cursor.id);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(Self::run_from_row)
+            .collect()
+    }
+
     // --- resume events ---------------------------------------------------------------------
 
     /// Records one validate outcome (refusals included); `false` when the id was known.
@@ -1082,6 +1118,47 @@ impl Store {
         rows.iter().map(Self::lease_from_row).collect()
     }
 
+    // --- console sessions --------------------------------------------------------------------
+
+    /// Records a console session under the hash of its id (the id itself is never stored).
+    pub async fn insert_session(&self, session: &ConsoleSession) -> Result<(), StoreError> {
+        sqlx::query("INSERT INTO console_sessions (session_hash, name, role, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)")
+            .bind(&session.session_hash)
+            .bind(&session.name)
+            .bind(&session.role)
+            .bind(&session.created_at)
+            .bind(&session.expires_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The live session with this hash (expired ones are not answered).
+    pub async fn live_session(
+        &self,
+        session_hash: &str,
+        now: &str,
+    ) -> Result<Option<ConsoleSession>, StoreError> {
+        let row = sqlx::query("SELECT session_hash, name, role, created_at, expires_at FROM console_sessions WHERE session_hash = $1 AND expires_at > $2")
+            .bind(session_hash)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref()
+            .map(|row| Ok(<ConsoleSession as sqlx::FromRow<AnyRow>>::from_row(row)?))
+            .transpose()
+    }
+
+    /// Ends a session, and every session past its expiry.
+    pub async fn end_session(&self, session_hash: &str, now: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM console_sessions WHERE session_hash = $1 OR expires_at <= $2")
+            .bind(session_hash)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     // --- audit -----------------------------------------------------------------------------
 
     pub async fn insert_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
@@ -1114,6 +1191,51 @@ impl Store {
         let mut query = sqlx::query(&sql);
         if let Some(run_id) = run_id {
             query = query.bind(run_id);
+        }
+        query
+            .fetch_all(&self.pool)
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(AuditEntry {
+                    audit_id: row.try_get("audit_id")?,
+                    at: row.try_get("at")?,
+                    actor: row.try_get("actor")?,
+                    action: row.try_get("action")?,
+                    run_id: row.try_get("run_id")?,
+                    details: serde_json::from_str(&row.try_get::<String, _>("details")?)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Audit entries, newest first, filtered by run, actor and action (each exact when given).
+    pub async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut sql =
+            String::from("SELECT audit_id, at, actor, action, run_id, details FROM audit_log");
+        let mut conditions = Vec::new();
+        let mut binds = Vec::new();
+        for (column, value) in [
+            ("run_id", &filter.run_id),
+            ("actor", &filter.actor),
+            ("action", &filter.action),
+        ] {
+            if let Some(value) = value {
+                binds.push(value.clone());
+                conditions.push(format!("{column} = ${}", binds.len()));
+            }
+        }
+        if !conditions.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conditions.join(" AND "));
+        }
+        sql.push_str(&format!(
+            " ORDER BY at DESC, audit_id DESC LIMIT {}",
+            filter.limit.clamp(1, 1000)
+        ));
+        let mut query = sqlx::query(&sql);
+        for value in &binds {
+            query = query.bind(value);
         }
         query
             .fetch_all(&self.pool)

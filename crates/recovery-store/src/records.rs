@@ -156,8 +156,17 @@ pub struct Lease {
     pub replica: String,
 }
 
+/// Which audit entries to list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    pub run_id: Option<String>,
+    pub actor: Option<String>,
+    pub action: Option<String>,
+    pub limit: u32,
+}
+
 /// An operator action, audited.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditEntry {
     pub audit_id: String,
     pub at: String,
@@ -165,4 +174,16 @@ pub struct AuditEntry {
     pub action: String,
     pub run_id: Option<String>,
     pub details: serde_json::Value,
+}
+
+/// A signed-in console session, kept under the SHA-256 of its random id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct ConsoleSession {
+    pub session_hash: String,
+    /// The token's name (the token itself is never kept).
+    pub name: String,
+    /// `viewer`, `collector` or `operator`.
+    pub role: String,
+    pub created_at: String,
+    pub expires_at: String,
 }

@@ -15,6 +15,8 @@ const VIEWER: &str = "viewer-token-0123456789";
 
 #[path = "cli/chaos.rs"]
 mod chaos;
+#[path = "cli/console.rs"]
+mod console;
 
 struct Server {
     child: Child,

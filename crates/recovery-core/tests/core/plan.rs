@@ -856,7 +856,10 @@ fn item_7_completion_follows_has_only_intentional_gaps_and_never_counts_masked_a
     let runnable = Run::new(2).result(0, 0, scored()).default_plan();
     let error = completion(&runnable.state_counts()).expect_err("one to run");
     assert_eq!(error.exit_code(), 75);
-    assert!(error.message.ends_with("a resume continues them."), "{error}");
+    assert!(
+        error.message.ends_with("a resume continues them."),
+        "{error}"
+    );
 }
 
 /// Item 8: a masked `judge_*` result that kept its answer is re-judged (facts §16:

@@ -1,5 +1,6 @@
 //! HTTP handlers, grouped by resource.
 
+pub mod audit;
 pub mod leases;
 pub mod ops;
 pub mod query;

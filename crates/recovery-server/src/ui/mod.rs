@@ -1,0 +1,608 @@
+//! The operators' console under `/ui/`: server-rendered HTML (maud templates, checked at
+//! compile time) that works without JavaScript.
+//!
+//! Every page and action calls the API's own handler with the visitor's caller, so the console
+//! can do exactly what the API lets that role do, through the same locked mutations; this
+//! module only reads forms, checks that they are the visitor's ([`session`]) and renders.
+
+mod chart;
+mod pages;
+pub mod session;
+
+use crate::error::{ApiError, ApiJson, ApiQuery};
+use crate::routes;
+use crate::state::AppState;
+use axum::Router;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use session::{Visitor, check_form};
+
+/// Rows of a plan and runs per page.
+const PAGE: u32 = 50;
+const RUNS_PAGE: u32 = 20;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route("/ui/", get(runs))
+        .route("/ui/login", get(login_form).post(login))
+        .route("/ui/logout", post(logout))
+        .route("/ui/runs/{run_id}", get(run))
+        .route("/ui/runs/{run_id}/takeover", post(takeover))
+        .route("/ui/runs/{run_id}/approvals", post(approve))
+        .route(
+            "/ui/runs/{run_id}/approvals/{approval_id}/revoke",
+            post(revoke),
+        )
+        .route("/ui/runs/{run_id}/extend", post(extend))
+        .route("/ui/runs/{run_id}/resubmit", post(resubmit))
+        .route("/ui/drift", get(drift))
+        .route("/ui/audit", get(audit))
+        .route("/ui/style.css", get(style))
+}
+
+async fn style() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        pages::STYLE,
+    )
+}
+
+/// A form that cannot be read: a 422 page naming the field.
+#[derive(Debug)]
+struct BadForm(String);
+
+impl IntoResponse for BadForm {
+    fn into_response(self) -> Response {
+        pages::error_page(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!("the form: {}", self.0),
+        )
+    }
+}
+
+/// A form's fields, read into the API's own request type so its limits and messages apply.
+fn api_request<T: DeserializeOwned>(fields: Value) -> Result<T, BadForm> {
+    serde_json::from_value(fields).map_err(|e| BadForm(e.to_string()))
+}
+
+fn form<T>(form: Result<Form<T>, FormRejection>) -> Result<T, BadForm> {
+    form.map(|Form(f)| f).map_err(|e| BadForm(e.body_text()))
+}
+
+/// After an action: back to the run with what happened, or the API's refusal as a page.
+fn done<T>(result: Result<T, ApiError>, run_id: &str, what: &str) -> Response {
+    match result {
+        Ok(_) => Redirect::to(&format!(
+            "/ui/runs/{}?done={}",
+            pages::url_encode(run_id),
+            pages::url_encode(what)
+        ))
+        .into_response(),
+        Err(error) => pages::api_error_page(&error, Some(run_id)),
+    }
+}
+
+// --- sign-in -----------------------------------------------------------------------------------
+
+async fn login_form(State(state): State<AppState>) -> Response {
+    if state.config.tokens.is_empty() {
+        return Redirect::to("/ui/").into_response();
+    }
+    pages::login(None).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    login: Result<Form<LoginForm>, FormRejection>,
+) -> Response {
+    if let Err(refusal) = session::same_origin(&headers) {
+        return refusal.into_response();
+    }
+    let login = match form(login) {
+        Ok(login) => login,
+        Err(bad) => return bad.into_response(),
+    };
+    let caller = match state
+        .config
+        .authenticate(Some(&format!("Bearer {}", login.token.trim())))
+    {
+        Ok(caller) => caller,
+        Err(_) => {
+            return (
+                StatusCode::UNAUTHORIZED,
+                pages::login(Some("That token is not known to this service.")),
+            )
+                .into_response();
+        }
+    };
+    match session::start(&state, &caller).await {
+        Ok(cookie) => (
+            StatusCode::SEE_OTHER,
+            [
+                (header::SET_COOKIE, cookie),
+                (header::LOCATION, "/ui/".into()),
+            ],
+        )
+            .into_response(),
+        Err(refusal) => refusal.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct CsrfForm {
+    csrf: String,
+}
+
+async fn logout(
+    State(state): State<AppState>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    sent: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    let sent = match form(sent) {
+        Ok(sent) => sent,
+        Err(bad) => return bad.into_response(),
+    };
+    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
+        return refusal.into_response();
+    }
+    let cookie = session::end(&state, &visitor).await;
+    (
+        StatusCode::SEE_OTHER,
+        [
+            (header::SET_COOKIE, cookie),
+            (header::LOCATION, "/ui/login".into()),
+        ],
+    )
+        .into_response()
+}
+
+// --- pages -------------------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+struct RunsQuery {
+    q: Option<String>,
+    cursor: Option<String>,
+}
+
+async fn runs(
+    State(state): State<AppState>,
+    visitor: Visitor,
+    Query(query): Query<RunsQuery>,
+) -> Response {
+    let search = query.q.as_deref().map(str::trim).filter(|q| !q.is_empty());
+    let cursor = query
+        .cursor
+        .as_deref()
+        .and_then(recovery_store::Cursor::decode);
+    let store = state.registry.store();
+    let listed = match search {
+        Some(text) => {
+            store
+                .search_runs(text, RUNS_PAGE + 1, cursor.as_ref())
+                .await
+        }
+        None => store.list_runs(RUNS_PAGE + 1, cursor.as_ref()).await,
+    };
+    let mut records = match listed {
+        Ok(records) => records,
+        Err(e) => return pages::api_error_page(&e.into(), None),
+    };
+    let next = (records.len() > RUNS_PAGE as usize)
+        .then(|| {
+            records.truncate(RUNS_PAGE as usize);
+            records.last().map(|r| {
+                recovery_store::Cursor {
+                    at: r.created_at.clone(),
+                    id: r.run_id.clone(),
+                }
+                .encode()
+            })
+        })
+        .flatten();
+    let mut rows = Vec::with_capacity(records.len());
+    for record in records {
+        rows.push(run_summary(&state, &visitor, record, None).await);
+    }
+    let now = state.registry.clock().now();
+    pages::runs(&visitor, now, search, &rows, next.as_deref()).into_response()
+}
+
+/// What the runs table says of one run.
+#[derive(Debug)]
+pub struct RunSummary {
+    pub record: recovery_store::RunRecord,
+    pub holder: Option<routes::leases::HolderView>,
+    /// The plan's summary (`state_counts`, `cap`), or why there is none.
+    pub plan: Result<Value, String>,
+    pub last_validation: Option<recovery_store::ResumeEvent>,
+    pub last_drift: Option<recovery_store::ResumeEvent>,
+}
+
+/// The summary of a run; `plan` when the caller read the run's plan already.
+async fn run_summary(
+    state: &AppState,
+    visitor: &Visitor,
+    record: recovery_store::RunRecord,
+    plan: Option<Result<Value, String>>,
+) -> RunSummary {
+    let run_id = record.run_id.clone();
+    let holder = routes::leases::holder(
+        State(state.clone()),
+        Path(run_id.clone()),
+        visitor.caller.clone(),
+    )
+    .await
+    .ok()
+    .map(|axum::Json(h)| h);
+    let plan = match plan {
+        Some(plan) => plan,
+        None => plan_page(state, visitor, &run_id, None, Some(1), None).await,
+    };
+    let events = state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 50)
+        .await
+        .unwrap_or_default();
+    RunSummary {
+        last_validation: events.first().cloned(),
+        last_drift: events
+            .iter()
+            .find(|e| e.outcome == "resume_with_drift")
+            .cloned(),
+        record,
+        holder,
+        plan,
+    }
+}
+
+/// One page of a run's plan, as the API answers it.
+async fn plan_page(
+    state: &AppState,
+    visitor: &Visitor,
+    run_id: &str,
+    plan_state: Option<&str>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+) -> Result<Value, String> {
+    let params: routes::query::PlanParams =
+        serde_json::from_value(json!({"state": plan_state, "limit": limit, "cursor": cursor}))
+            .map_err(|e| format!("state: {e}"))?;
+    let answer = routes::query::plan(
+        State(state.clone()),
+        Path(run_id.to_owned()),
+        visitor.caller.clone(),
+        ApiQuery(params),
+    )
+    .await
+    .map_err(|e| e.message)?;
+    serde_json::from_slice(&answer.0).map_err(|e| e.to_string())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RunQuery {
+    state: Option<String>,
+    cursor: Option<String>,
+    done: Option<String>,
+}
+
+async fn run(
+    State(state): State<AppState>,
+    visitor: Visitor,
+    Path(run_id): Path<String>,
+    Query(query): Query<RunQuery>,
+) -> Response {
+    // The run's record, not its manifest: a 100k-rollout manifest takes a while to read, and
+    // the plan (indexed once per run) answers the cap and the states.
+    let record = match state.run_on_disk(&run_id).await {
+        Ok((record, _)) => record,
+        Err(error) => return pages::api_error_page(&error, None),
+    };
+    let filter = query.state.as_deref().filter(|s| !s.is_empty());
+    let plan = plan_page(
+        &state,
+        &visitor,
+        &run_id,
+        filter,
+        Some(PAGE),
+        query.cursor.clone(),
+    )
+    .await;
+    // The page's plan carries the whole run's counts too: one plan read per page.
+    let summary = run_summary(&state, &visitor, record.clone(), Some(plan.clone())).await;
+    let approvals = state
+        .registry
+        .store()
+        .list_approvals(&run_id)
+        .await
+        .unwrap_or_default();
+    let history = state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 50)
+        .await
+        .unwrap_or_default();
+    let now = state.registry.clock().now();
+    pages::run(
+        &visitor,
+        now,
+        &pages::RunPage {
+            record: &record,
+            summary: &summary,
+            plan: &plan,
+            filter,
+            approvals: &approvals,
+            history: &history,
+            done: query.done.as_deref(),
+        },
+    )
+    .into_response()
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct DriftQuery {
+    from: Option<String>,
+    to: Option<String>,
+    run_id: Option<String>,
+    key: Option<String>,
+}
+
+async fn drift(
+    State(state): State<AppState>,
+    visitor: Visitor,
+    Query(query): Query<DriftQuery>,
+) -> Response {
+    let blank = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+    let run: Result<routes::query::DriftRunParam, _> =
+        serde_json::from_value(json!({"run_id": blank(&query.run_id)}));
+    let params: Result<routes::query::RunDriftParams, _> = serde_json::from_value(json!({
+        "from": blank(&query.from), "to": blank(&query.to), "key": blank(&query.key), "limit": 1000,
+    }));
+    let (Ok(run), Ok(params)) = (run, params) else {
+        return pages::error_page(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "the filters are malformed",
+        );
+    };
+    let page = routes::query::drift(
+        State(state.clone()),
+        visitor.caller.clone(),
+        ApiQuery(run),
+        ApiQuery(params),
+    )
+    .await;
+    let page = match page {
+        Ok(axum::Json(page)) => page,
+        Err(error) => return pages::api_error_page(&error, None),
+    };
+    let chart = chart::drift_chart(&page.events);
+    let top = chart::top_keys(&page.events);
+    let now = state.registry.clock().now();
+    let filters = pages::DriftFilters {
+        from: blank(&query.from),
+        to: blank(&query.to),
+        run_id: blank(&query.run_id),
+        key: blank(&query.key),
+    };
+    pages::drift(&visitor, now, &filters, &page, chart.as_ref(), &top).into_response()
+}
+
+async fn audit(
+    State(state): State<AppState>,
+    visitor: Visitor,
+    Query(params): Query<routes::audit::AuditParams>,
+) -> Response {
+    let filter = pages::AuditFilters {
+        run_id: params.run_id.clone().filter(|s| !s.trim().is_empty()),
+        actor: params.actor.clone().filter(|s| !s.trim().is_empty()),
+        action: params.action.clone().filter(|s| !s.trim().is_empty()),
+    };
+    match routes::audit::audit(
+        State(state.clone()),
+        visitor.caller.clone(),
+        ApiQuery(params),
+    )
+    .await
+    {
+        Ok(axum::Json(page)) => {
+            let now = state.registry.clock().now();
+            pages::audit(&visitor, now, &filter, &page.entries).into_response()
+        }
+        Err(error) => pages::api_error_page(&error, None),
+    }
+}
+
+// --- actions -----------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+struct TakeoverForm {
+    csrf: String,
+    holder: String,
+    reason: String,
+    /// The confirmation checkbox (absent when unticked).
+    confirm: Option<String>,
+}
+
+async fn takeover(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    sent: Result<Form<TakeoverForm>, FormRejection>,
+) -> Response {
+    let sent = match form(sent) {
+        Ok(sent) => sent,
+        Err(bad) => return bad.into_response(),
+    };
+    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
+        return refusal.into_response();
+    }
+    if sent.confirm.is_none() {
+        return pages::error_page(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "confirm: tick the box to end the current holder's lease",
+        );
+    }
+    let request = match api_request(json!({
+        "holder": sent.holder, "host": "console", "pid": 0, "reason": sent.reason,
+    })) {
+        Ok(request) => request,
+        Err(bad) => return bad.into_response(),
+    };
+    let result = routes::leases::takeover(
+        State(state),
+        Path(run_id.clone()),
+        visitor.caller,
+        ApiJson(request),
+    )
+    .await;
+    done(result, &run_id, "lease taken over")
+}
+
+#[derive(Debug, Deserialize)]
+struct ApproveForm {
+    csrf: String,
+    task_index: i64,
+    rollout_index: i64,
+    attempt_index: i64,
+    reason: String,
+}
+
+async fn approve(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    sent: Result<Form<ApproveForm>, FormRejection>,
+) -> Response {
+    let sent = match form(sent) {
+        Ok(sent) => sent,
+        Err(bad) => return bad.into_response(),
+    };
+    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
+        return refusal.into_response();
+    }
+    let request = match api_request(json!({
+        "task_index": sent.task_index, "rollout_index": sent.rollout_index,
+        "attempt_index": sent.attempt_index, "reason": sent.reason,
+    })) {
+        Ok(request) => request,
+        Err(bad) => return bad.into_response(),
+    };
+    let result = routes::ops::approve(
+        State(state),
+        Path(run_id.clone()),
+        visitor.caller,
+        ApiJson(request),
+    )
+    .await;
+    done(result, &run_id, "rerun approved")
+}
+
+async fn revoke(
+    State(state): State<AppState>,
+    Path((run_id, approval_id)): Path<(String, String)>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    sent: Result<Form<CsrfForm>, FormRejection>,
+) -> Response {
+    let sent = match form(sent) {
+        Ok(sent) => sent,
+        Err(bad) => return bad.into_response(),
+    };
+    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
+        return refusal.into_response();
+    }
+    let result = routes::ops::revoke_approval(
+        State(state),
+        Path((run_id.clone(), approval_id)),
+        visitor.caller,
+    )
+    .await;
+    done(result, &run_id, "approval revoked")
+}
+
+#[derive(Debug, Deserialize)]
+struct ExtendForm {
+    csrf: String,
+    extend_attempts: i64,
+    reason: String,
+}
+
+async fn extend(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    sent: Result<Form<ExtendForm>, FormRejection>,
+) -> Response {
+    let sent = match form(sent) {
+        Ok(sent) => sent,
+        Err(bad) => return bad.into_response(),
+    };
+    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
+        return refusal.into_response();
+    }
+    let request = match api_request(
+        json!({"extend_attempts": sent.extend_attempts, "reason": sent.reason}),
+    ) {
+        Ok(request) => request,
+        Err(bad) => return bad.into_response(),
+    };
+    let result = routes::ops::extend(
+        State(state),
+        Path(run_id.clone()),
+        visitor.caller,
+        ApiJson(request),
+    )
+    .await;
+    done(result, &run_id, "attempts extended")
+}
+
+#[derive(Debug, Deserialize)]
+struct ReasonForm {
+    csrf: String,
+    reason: String,
+}
+
+async fn resubmit(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    visitor: Visitor,
+    headers: HeaderMap,
+    sent: Result<Form<ReasonForm>, FormRejection>,
+) -> Response {
+    let sent = match form(sent) {
+        Ok(sent) => sent,
+        Err(bad) => return bad.into_response(),
+    };
+    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
+        return refusal.into_response();
+    }
+    let request = match api_request(json!({"reason": sent.reason})) {
+        Ok(request) => request,
+        Err(bad) => return bad.into_response(),
+    };
+    let result = routes::ops::resubmit(
+        State(state),
+        Path(run_id.clone()),
+        visitor.caller,
+        ApiJson(request),
+    )
+    .await;
+    done(result, &run_id, "failure budget reset")
+}

@@ -1,0 +1,337 @@
+//! The operators' console in process: sessions, CSRF, roles, and the console's actions going
+//! through the API's locked mutations (the browser suite drives the same pages in Chromium).
+
+use super::*;
+
+struct Page {
+    status: StatusCode,
+    headers: axum::http::HeaderMap,
+    body: String,
+}
+
+async fn visit(
+    app: &TestApp,
+    method: Method,
+    uri: &str,
+    cookie: Option<&str>,
+    form: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Page {
+    visit_state(app.state.clone(), method, uri, cookie, form, extra).await
+}
+
+async fn visit_state(
+    state: AppState,
+    method: Method,
+    uri: &str,
+    cookie: Option<&str>,
+    form: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Page {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(cookie) = cookie {
+        request = request.header("cookie", cookie);
+    }
+    for (name, value) in extra {
+        request = request.header(*name, *value);
+    }
+    let request = match form {
+        Some(form) => request
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::from(form.to_owned())),
+        None => request.body(Body::empty()),
+    }
+    .expect("request");
+    let response = recovery_server::app(state)
+        .oneshot(request)
+        .await
+        .expect("response");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    Page {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+/// Signs in with a token: the `name=value` of the session cookie.
+async fn sign_in(app: &TestApp, token: &str) -> String {
+    let page = visit(
+        app,
+        Method::POST,
+        "/ui/login",
+        None,
+        Some(&format!("token={token}")),
+        &[],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    let cookie = page.headers["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/ui"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    cookie.split(';').next().expect("pair").to_owned()
+}
+
+fn csrf_of(page: &str) -> String {
+    let at = page.find("name=\"csrf\" value=\"").expect("a csrf field") + 19;
+    page[at..at + 64].to_owned()
+}
+
+fn approval_form(csrf: &str) -> String {
+    format!("csrf={csrf}&task_index=1&rollout_index=0&attempt_index=0&reason=judge+outage")
+}
+
+#[tokio::test]
+async fn the_console_needs_a_session_and_its_forms_need_their_csrf_token() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let run_page = format!("/ui/runs/{run_id}");
+    let anonymous = visit(&app, Method::GET, "/ui/", None, None, &[]).await;
+    assert_eq!(
+        (
+            anonymous.status,
+            anonymous
+                .headers
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+        ),
+        (StatusCode::SEE_OTHER, Some("/ui/login"))
+    );
+    let wrong = visit(
+        &app,
+        Method::POST,
+        "/ui/login",
+        None,
+        Some("token=not-a-token-0123456789"),
+        &[],
+    )
+    .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+
+    // A viewer sees the run without any action, and a form they forge is refused by the API.
+    let viewer = sign_in(&app, VIEWER).await;
+    let seen = visit(&app, Method::GET, &run_page, Some(&viewer), None, &[]).await;
+    assert_eq!(seen.status, StatusCode::OK);
+    assert!(seen.body.contains("awaiting_approval") && !seen.body.contains("Approve rerun"));
+    let forged = visit(
+        &app,
+        Method::POST,
+        &format!("{run_page}/approvals"),
+        Some(&viewer),
+        Some(&approval_form(&csrf_of(&seen.body))),
+        &[],
+    )
+    .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN, "{}", forged.body);
+    assert!(
+        forged.body.contains("this needs the operator role"),
+        "{}",
+        forged.body
+    );
+
+    // An operator's form needs its own session's token, and a same-origin request.
+    let operator = sign_in(&app, OPERATOR).await;
+    let page = visit(&app, Method::GET, &run_page, Some(&operator), None, &[]).await;
+    let csrf = csrf_of(&page.body);
+    assert_ne!(csrf, csrf_of(&seen.body), "each session has its own token");
+    let refusals = [
+        (
+            Some(operator.as_str()),
+            approval_form(&"0".repeat(64)),
+            vec![],
+        ),
+        (
+            Some(operator.as_str()),
+            approval_form(&csrf),
+            vec![("sec-fetch-site", "cross-site")],
+        ),
+        (
+            Some(operator.as_str()),
+            approval_form(&csrf),
+            vec![("origin", "https://evil.example"), ("host", "localhost")],
+        ),
+        (None, approval_form(&csrf), vec![]),
+    ];
+    for (cookie, form, headers) in refusals {
+        let refused = visit(
+            &app,
+            Method::POST,
+            &format!("{run_page}/approvals"),
+            cookie,
+            Some(&form),
+            &headers,
+        )
+        .await;
+        assert_eq!(
+            refused.status,
+            StatusCode::FORBIDDEN,
+            "{headers:?}: {}",
+            refused.body
+        );
+    }
+    let approvals = app
+        .state
+        .registry
+        .store()
+        .list_approvals(&run_id)
+        .await
+        .expect("approvals");
+    assert!(
+        approvals.is_empty(),
+        "nothing refused was approved: {approvals:?}"
+    );
+    let approved = visit(
+        &app,
+        Method::POST,
+        &format!("{run_page}/approvals"),
+        Some(&operator),
+        Some(&approval_form(&csrf)),
+        &[("origin", "http://localhost"), ("host", "localhost")],
+    )
+    .await;
+    assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
+    let after = visit(&app, Method::GET, &run_page, Some(&operator), None, &[]).await;
+    assert!(after.body.contains("1 approved_rerun"), "{}", after.body);
+
+    // The audit log names who approved, over the API and in the console.
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/audit?run_id={run_id}&action=approval.create"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(audit.body["entries"][0]["actor"], "alice", "{}", audit.body);
+    let audit_page = visit(
+        &app,
+        Method::GET,
+        "/ui/audit?action=approval.create",
+        Some(&viewer),
+        None,
+        &[],
+    )
+    .await;
+    assert!(audit_page.body.contains("approval.create") && audit_page.body.contains("alice"));
+
+    // Signing out ends the session: its cookie opens nothing any more.
+    let logout = visit(
+        &app,
+        Method::POST,
+        "/ui/logout",
+        Some(&operator),
+        Some(&format!("csrf={csrf}")),
+        &[],
+    )
+    .await;
+    assert_eq!(logout.status, StatusCode::SEE_OTHER);
+    let ended = visit(&app, Method::GET, "/ui/", Some(&operator), None, &[]).await;
+    assert_eq!(ended.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn sessions_are_stored_as_hashes_and_no_token_reaches_a_file() {
+    let app = TestApp::new().await;
+    let cookie = sign_in(&app, OPERATOR).await;
+    let id = cookie.split_once('=').expect("pair").1.to_owned();
+    assert!(id.len() >= 64, "a long random id");
+    let database = app.config.data_dir.clone();
+    for file in files_under(&database) {
+        let bytes = std::fs::read(&file).unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            !text.contains(&id),
+            "{} holds the session id",
+            file.display()
+        );
+        assert!(
+            !text.contains(OPERATOR),
+            "{} holds the token",
+            file.display()
+        );
+    }
+    let hash = recovery_core::canonical::sha256_hex(id.as_bytes());
+    let now = app.clock.now_text();
+    let session = app
+        .state
+        .registry
+        .store()
+        .live_session(&hash, &now)
+        .await
+        .expect("store");
+    assert_eq!(
+        session.map(|s| (s.name, s.role)),
+        Some(("alice".to_owned(), "operator".to_owned()))
+    );
+    // Sessions expire: twelve hours on, the cookie opens nothing.
+    app.clock.advance(time::Duration::hours(13));
+    let expired = visit(&app, Method::GET, "/ui/", Some(&cookie), None, &[]).await;
+    assert_eq!(expired.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_console_approvals_of_one_attempt_approve_it_once() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let operator = sign_in(&app, OPERATOR).await;
+    let page = visit(
+        &app,
+        Method::GET,
+        &format!("/ui/runs/{run_id}"),
+        Some(&operator),
+        None,
+        &[],
+    )
+    .await;
+    let form = approval_form(&csrf_of(&page.body));
+    let uri = format!("/ui/runs/{run_id}/approvals");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (state, uri, operator, form) = (
+                app.state.clone(),
+                uri.clone(),
+                operator.clone(),
+                form.clone(),
+            );
+            tokio::spawn(async move {
+                visit_state(state, Method::POST, &uri, Some(&operator), Some(&form), &[])
+                    .await
+                    .status
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.expect("task"));
+    }
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::SEE_OTHER)
+            .count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::SEE_OTHER || *s == StatusCode::CONFLICT),
+        "{statuses:?}"
+    );
+    let approvals = app
+        .state
+        .registry
+        .store()
+        .list_approvals(&run_id)
+        .await
+        .expect("approvals");
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+}
