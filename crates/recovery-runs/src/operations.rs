@@ -1244,8 +1244,9 @@ fn current_run_cached(
 
 /// The request's configuration texts as JSON values.
 fn parsed_configuration(request: &ResumeRequest) -> Result<(Value, Value), OpError> {
+    // The core's reader: nesting up to the 512 levels a digest takes, as create reads them.
     let parse = |field: &str, raw: &serde_json::value::RawValue| {
-        serde_json::from_str::<Value>(raw.get())
+        recovery_core::canonical::parse_json(raw.get().as_bytes())
             .map_err(|e| OpError::Invalid(format!("{field}: {e}")))
     };
     Ok((
@@ -1293,8 +1294,13 @@ fn rows_key(rows: &serde_json::value::RawValue) -> [u8; 32] {
 /// JSONL line (whitespace newlines inside a row's text are blanks between tokens, since a JSON
 /// string cannot hold a raw newline), digested from its text as the file would be.
 fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFacts, OpError> {
-    let rows: Vec<&serde_json::value::RawValue> = serde_json::from_str(rows.get())
-        .map_err(|e| OpError::Invalid(format!("rows: must be an array of objects: {e}")))?;
+    recovery_core::canonical::check_depth(rows.get().as_bytes())
+        .map_err(|e| OpError::Invalid(format!("rows: {e}")))?;
+    let mut deserializer = serde_json::Deserializer::from_str(rows.get());
+    deserializer.disable_recursion_limit();
+    let rows: Vec<&serde_json::value::RawValue> =
+        serde::Deserialize::deserialize(&mut deserializer)
+            .map_err(|e| OpError::Invalid(format!("rows: must be an array of objects: {e}")))?;
     let mut text = Vec::with_capacity(rows.iter().map(|r| r.get().len() + 1).sum());
     let mut references = RowReferences::default();
     for (i, row) in rows.iter().enumerate() {

@@ -75,6 +75,10 @@ impl utoipa::Modify for BearerAuth {
     }
 }
 
+/// The stack of every thread that parses or digests request JSON (512 levels deep, debug build
+/// included): the runtime's threads and the heavy-work threads.
+pub const THREAD_STACK_BYTES: usize = 32 << 20;
+
 /// The OpenAPI document of this service.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();

@@ -69,6 +69,7 @@ impl HeavyWork {
             let jobs = jobs.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("{name}-{n}"))
+                .stack_size(crate::THREAD_STACK_BYTES)
                 .spawn(move || {
                     // Lowering one's own priority is always allowed; failing to is harmless.
                     let _ =

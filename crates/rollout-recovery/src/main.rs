@@ -267,6 +267,9 @@ fn main() -> std::process::ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .max_blocking_threads(4 * cores.max(2))
+        // JSON nests up to 512 levels on every entry point; parsing and digesting that deep
+        // recurses, and a debug build's frames are large: room for it on every thread.
+        .thread_stack_size(recovery_server::THREAD_STACK_BYTES)
         .thread_keep_alive(std::time::Duration::from_secs(2))
         .build()
     {

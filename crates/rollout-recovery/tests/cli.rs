@@ -313,6 +313,59 @@ fn probe(lock: &Path) -> String {
 }
 
 #[tokio::test]
+async fn json_nested_to_the_documented_limit_is_served_and_deeper_is_refused_without_a_crash() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let client = reqwest::Client::new();
+    let deep = |depth: usize| format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth));
+    for (depth, expected) in [(450, 201), (509, 201), (510, 422)] {
+        // The body is level 1, `global_config` 2, its `policy` 3: `depth` more reach 3 + depth.
+        let mut global = global(8000);
+        global["policy_model"]["deep"] = json!("DEEP");
+        let body = json!({"output_path": root.join(format!("d{depth}/out.jsonl")), "source_path": root.join("src/train.jsonl"),
+            "config": config(0.3), "global_config": global,
+            "rows": [{"agent_ref": {"name": "agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0}]});
+        let text = body.to_string().replace("\"DEEP\"", &deep(depth));
+        let response = client
+            .post(format!("{}/runs", server.url))
+            .bearer_auth(COLLECTOR)
+            .header("content-type", "application/json")
+            .body(text.clone())
+            .send()
+            .await
+            .expect("the service answers");
+        let status = response.status().as_u16();
+        let answer: Value = response.json().await.expect("json");
+        assert_eq!(status, expected, "{depth}: {answer}");
+        if status == 201 {
+            let run_id = answer["run_id"].as_str().expect("run");
+            let mut validate: Value =
+                serde_json::from_str(&text.replace(&deep(depth), "\"DEEP\"")).expect("body");
+            let validate_body = json!({"config": validate["config"].take(), "global_config": validate["global_config"].take(), "source_path": validate["source_path"].take()})
+                .to_string()
+                .replace("\"DEEP\"", &deep(depth));
+            let reply = client
+                .post(format!("{}/runs/{run_id}/validate", server.url))
+                .bearer_auth(COLLECTOR)
+                .header("content-type", "application/json")
+                .body(validate_body)
+                .send()
+                .await
+                .expect("the service answers");
+            assert_eq!(reply.status().as_u16(), 200, "{depth}");
+        } else {
+            assert!(
+                answer["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("512")),
+                "{answer}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn serve_binds_a_host_name_and_logs_without_colours_to_a_file() {
     let dir = tempfile::tempdir().expect("dir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
