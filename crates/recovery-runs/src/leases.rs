@@ -358,7 +358,6 @@ impl Leases {
             serde_json::json!({
                 "reason": reason,
                 "previous_holder": previous.as_ref().map(|p| &p.holder),
-                "previous_lease_id": previous.as_ref().map(|p| &p.lease_id),
                 "new_holder": lease.holder,
             }),
         )

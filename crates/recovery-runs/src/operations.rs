@@ -779,6 +779,21 @@ impl Registry {
         prepared: PreparedRun,
     ) -> Result<CreatedRun, OpError> {
         let paths = run.paths().clone();
+        if prepared.replace {
+            // A live lease on the run replaced means a collector is writing its output: the
+            // replacement would leave that lease holding the new run's lock. Take it over (or
+            // wait for it to end) first.
+            let manifest = paths.manifest.clone();
+            let old = blocking(move || {
+                Ok(std::fs::read(&manifest)
+                    .ok()
+                    .and_then(|bytes| RunManifest::run_id_of(&bytes)))
+            })
+            .await?;
+            if let Some(old) = old {
+                self.check_unleased(run, &old).await?;
+            }
+        }
         let seconds = self.clock().now().unix_timestamp();
         let (work_paths, rows) = (paths.clone(), prepared.materialized.clone());
         let replacing = prepared.replace.then(|| prepared.manifest.run_id.clone());

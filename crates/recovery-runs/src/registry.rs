@@ -484,14 +484,35 @@ impl Registry {
                     .into_iter()
                     .filter_map(Result::ok)
                 {
+                    // Only a run's own temporaries (a companion's, or an output's beside its
+                    // manifest), and only those older than a grace period before this start:
+                    // a user's file that happens to look like one, or a Python collector's
+                    // write in flight, is never touched.
+                    let name = entry.file_name().to_string_lossy();
+                    let run_lock = recovery_sidecar::temporary_target(&name).and_then(|target| {
+                        entry
+                            .path()
+                            .parent()
+                            .and_then(|dir| run_lock_of(dir, target))
+                    });
+                    let Some(run_lock) = run_lock else {
+                        continue;
+                    };
                     let stale = entry.file_type().is_file()
-                        && is_atomic_temporary(&entry.file_name().to_string_lossy())
                         && entry
                             .metadata()
                             .ok()
                             .and_then(|m| m.modified().ok())
                             .is_some_and(|modified| modified < before);
-                    if stale && std::fs::remove_file(entry.path()).is_ok() {
+                    if !stale {
+                        continue;
+                    }
+                    // The run's lock, held while the temporary goes: a process writing the run
+                    // (a Python collector) holds it, and its write in flight is left alone.
+                    let Ok(_held) = recovery_sidecar::RunLock::for_output(&run_lock, None) else {
+                        continue;
+                    };
+                    if std::fs::remove_file(entry.path()).is_ok() {
                         removed += 1;
                     }
                 }
@@ -960,21 +981,6 @@ fn extension_record(run_id: &str, id: String, line: ExtensionLine) -> AttemptExt
 }
 
 /// Whether a file name is an atomic write's temporary: `.<name>.<32 lowercase hex>.tmp`.
-fn is_atomic_temporary(name: &str) -> bool {
-    let Some(rest) = name
-        .strip_prefix('.')
-        .and_then(|rest| rest.strip_suffix(".tmp"))
-    else {
-        return false;
-    };
-    rest.rsplit_once('.').is_some_and(|(target, id)| {
-        !target.is_empty()
-            && id.len() == 32
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
 
 /// Every `*_manifest.json` under the roots (symlinks not followed, hidden temporaries skipped).
 fn find_manifests(roots: &[PathBuf]) -> Vec<PathBuf> {
@@ -1035,4 +1041,25 @@ pub fn output_for_manifest(manifest: &Path) -> PathBuf {
             })
     });
     candidate.unwrap_or(default)
+}
+
+/// The run lock of the run `name` in `dir` belongs to: a companion by its suffix, or an output
+/// with its manifest beside it; `None` for a file of no run (a user's file that only looks like
+/// a temporary is never touched).
+fn run_lock_of(dir: &std::path::Path, name: &str) -> Option<PathBuf> {
+    let output = recovery_sidecar::paths::COMPANION_SUFFIXES
+        .iter()
+        .find_map(|suffix| name.strip_suffix(suffix))
+        .map(|stem| dir.join(format!("{stem}.jsonl")));
+    let output = match output {
+        Some(output) => output,
+        None => {
+            let path = dir.join(name);
+            recovery_sidecar::SidecarPaths::for_output(&path)
+                .manifest
+                .is_file()
+                .then_some(path)?
+        }
+    };
+    Some(recovery_sidecar::SidecarPaths::for_output(&output).run_lock)
 }

@@ -135,8 +135,31 @@ impl ServerConfig {
         })
     }
 
-    /// Refuses an unauthenticated service reachable beyond loopback.
+    /// Refuses an unauthenticated service reachable beyond loopback, and settings that would
+    /// make it refuse everything or nothing.
     pub fn check(&self) -> Result<(), String> {
+        for (n, token) in self.tokens.iter().enumerate() {
+            if self.tokens[..n].iter().any(|t| t.digest == token.digest) {
+                return Err(format!(
+                    "token {:?}: the same token is configured twice; each token names one caller and one role",
+                    token.name
+                ));
+            }
+        }
+        if self.body_limit_bytes == 0 {
+            return Err("--body-limit-mb (RR_BODY_LIMIT_MB) must be at least 1".into());
+        }
+        if self.request_timeout.is_zero() {
+            return Err(
+                "--request-timeout-secs (RR_REQUEST_TIMEOUT_SECS) must be at least 1".into(),
+            );
+        }
+        if let Some(root) = self.roots.iter().find(|r| r.parent().is_none()) {
+            return Err(format!(
+                "--root {}: the file system root cannot be a root of runs (every start reads all of it)",
+                root.display()
+            ));
+        }
         if self.tokens.is_empty() && !self.bind.ip().is_loopback() {
             return Err(format!(
                 "refusing to serve {} without tokens: configure --token role:name:token (RR_TOKENS) or bind to 127.0.0.1",

@@ -80,3 +80,15 @@ pub enum AtomicJsonError {
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
+
+/// The file an atomic write's temporary (`.<name>.<32 hex>.tmp`) was to become, or `None` when
+/// `name` is not such a temporary.
+pub fn temporary_target(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix('.')?.strip_suffix(".tmp")?;
+    let (target, id) = rest.rsplit_once('.')?;
+    let hex = id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (!target.is_empty() && hex).then_some(target)
+}

@@ -41,6 +41,16 @@ pub enum PathError {
         companion: String,
         max_stem: usize,
     },
+    #[error(
+        "output path {0:?} is named like an atomic write's temporary (.<name>.<32 hex>.tmp), which \
+         a restart removes; choose another name"
+    )]
+    LooksTemporary(PathBuf),
+    #[error(
+        "output path {path:?}: its companions and their temporaries would exceed the {max}-byte \
+         path limit; use a shorter path"
+    )]
+    PathTooLong { path: PathBuf, max: usize },
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
         path: PathBuf,
@@ -207,6 +217,9 @@ pub fn checkpoint_lock_path(checkpoint_dir: &Path) -> PathBuf {
 /// The longest file name Linux file systems take.
 pub const NAME_MAX: usize = 255;
 
+/// The longest path Linux takes (`PATH_MAX`, its terminating NUL excluded).
+pub const PATH_MAX: usize = 4095;
+
 /// What an atomic write adds to a name (`.<name>.<32 hex>.tmp`) and what setting a file aside
 /// adds (`.replaced-<unix seconds>-<n>`), so every companion can still be written and moved.
 const NAME_OVERHEAD: usize = 38 + 24;
@@ -238,6 +251,25 @@ impl SidecarPaths {
     /// Refuses an output whose companions could not be created: a name over [`NAME_MAX`] fails
     /// only once some files exist, so it is checked before anything is written.
     pub fn check_names(&self) -> Result<(), PathError> {
+        if self
+            .output
+            .file_name()
+            .is_some_and(|n| crate::temporary_target(&n.to_string_lossy()).is_some())
+        {
+            return Err(PathError::LooksTemporary(self.output.clone()));
+        }
+        let longest_path = self
+            .all()
+            .into_iter()
+            .map(|p| p.as_os_str().len())
+            .max()
+            .unwrap_or(0);
+        if longest_path + NAME_OVERHEAD > PATH_MAX {
+            return Err(PathError::PathTooLong {
+                path: self.output.clone(),
+                max: PATH_MAX,
+            });
+        }
         let Some(longest) = self
             .all()
             .into_iter()

@@ -143,6 +143,8 @@ async fn login(
 
 #[derive(Debug, Deserialize)]
 struct CsrfForm {
+    /// Absent is refused like a wrong token (403), never as a malformed form.
+    #[serde(default)]
     csrf: String,
 }
 
@@ -347,7 +349,7 @@ async fn run(
             filter,
             approvals: &approvals,
             history: &history,
-            done: query.done.as_deref(),
+            done: query.done.as_deref().and_then(pages::done_message),
         },
     )
     .into_response()
@@ -430,6 +432,8 @@ async fn audit(
 
 #[derive(Debug, Deserialize)]
 struct TakeoverForm {
+    /// Absent is refused like a wrong token (403), never as a malformed form.
+    #[serde(default)]
     csrf: String,
     holder: String,
     reason: String,
@@ -451,7 +455,7 @@ async fn takeover(
     if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
         return refusal.into_response();
     }
-    if sent.confirm.is_none() {
+    if sent.confirm.as_deref() != Some("yes") {
         return pages::error_page(
             StatusCode::UNPROCESSABLE_ENTITY,
             "confirm: tick the box to end the current holder's lease",
@@ -470,11 +474,13 @@ async fn takeover(
         ApiJson(request),
     )
     .await;
-    done(result, &run_id, "lease taken over")
+    done(result, &run_id, "takeover")
 }
 
 #[derive(Debug, Deserialize)]
 struct ApproveForm {
+    /// Absent is refused like a wrong token (403), never as a malformed form.
+    #[serde(default)]
     csrf: String,
     task_index: i64,
     rollout_index: i64,
@@ -510,7 +516,7 @@ async fn approve(
         ApiJson(request),
     )
     .await;
-    done(result, &run_id, "rerun approved")
+    done(result, &run_id, "approved")
 }
 
 async fn revoke(
@@ -533,11 +539,13 @@ async fn revoke(
         visitor.caller,
     )
     .await;
-    done(result, &run_id, "approval revoked")
+    done(result, &run_id, "revoked")
 }
 
 #[derive(Debug, Deserialize)]
 struct ExtendForm {
+    /// Absent is refused like a wrong token (403), never as a malformed form.
+    #[serde(default)]
     csrf: String,
     extend_attempts: i64,
     reason: String,
@@ -570,11 +578,13 @@ async fn extend(
         ApiJson(request),
     )
     .await;
-    done(result, &run_id, "attempts extended")
+    done(result, &run_id, "extended")
 }
 
 #[derive(Debug, Deserialize)]
 struct ReasonForm {
+    /// Absent is refused like a wrong token (403), never as a malformed form.
+    #[serde(default)]
     csrf: String,
     reason: String,
 }
@@ -604,5 +614,5 @@ async fn resubmit(
         ApiJson(request),
     )
     .await;
-    done(result, &run_id, "failure budget reset")
+    done(result, &run_id, "resubmitted")
 }

@@ -59,6 +59,19 @@ fn state_colour(state: &str) -> &'static str {
     }
 }
 
+/// What an action's `?done=` code says on the page (unknown codes say nothing: the banner
+/// never repeats text from the address).
+pub fn done_message(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "takeover" => "lease taken over",
+        "approved" => "rerun approved",
+        "revoked" => "approval revoked",
+        "extended" => "attempts extended",
+        "resubmitted" => "failure budget reset",
+        _ => return None,
+    })
+}
+
 /// `%`-encodes a value for a URL query or path segment.
 pub fn url_encode(text: &str) -> String {
     text.bytes()
@@ -356,7 +369,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
             section aria-labelledby="lease" {
                 h2 id="lease" { "Lease" }
                 p { (holder_text(page.summary.holder.as_ref(), now)) }
-                @if visitor.is_operator() {
+                @if visitor.is_operator() && page.summary.holder.as_ref().is_some_and(|h| h.holder.is_some() || h.locked_outside_service) {
                     form method="post" action={ (run_path) "/takeover" } {
                         fieldset {
                             legend { "Take the run over (ends the current lease at once; audited)" }
@@ -483,7 +496,10 @@ fn plan_section(visitor: &Visitor, run_path: &str, filter: Option<&str>, plan: &
                         td.mono { (entry["rollout_id"].as_str().unwrap_or("")) }
                         td { (entry["state"].as_str().unwrap_or("")) }
                         td { (entry["reason"].as_str().unwrap_or("")) }
-                        td { "latest " (entry["latest_attempt"]) ", next " (entry["next_attempt"]) ", " (entry["counted_failures"]) " counted failures" }
+                        td {
+                            "latest " (attempt(&entry["latest_attempt"])) ", next " (attempt(&entry["next_attempt"]))
+                            ", " (entry["counted_failures"]) " counted failures"
+                        }
                         td { (entry["failure_kind"].as_str().unwrap_or("")) " " small { (entry["responsibility"].as_str().unwrap_or("")) } }
                         td { (approve_form(visitor, run_path, entry)) }
                     }
@@ -495,6 +511,13 @@ fn plan_section(visitor: &Visitor, run_path: &str, filter: Option<&str>, plan: &
             p { a rel="next" href={ (run_path) "?cursor=" (url_encode(next)) @if let Some(f) = filter { "&state=" (url_encode(f)) } } { "Next rollouts" } }
         }
     }
+}
+
+/// An attempt number, or "none".
+fn attempt(value: &Value) -> String {
+    value
+        .as_i64()
+        .map_or_else(|| "none".to_owned(), |n| n.to_string())
 }
 
 /// An approval form on a rollout that waits for one (operators only).

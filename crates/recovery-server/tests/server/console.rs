@@ -335,3 +335,91 @@ async fn concurrent_console_approvals_of_one_attempt_approve_it_once() {
         .expect("approvals");
     assert_eq!(approvals.len(), 1, "{approvals:?}");
 }
+
+#[tokio::test]
+async fn a_form_without_its_token_is_forbidden_a_takeover_needs_its_confirmation_and_banners_are_ours()
+ {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let operator = sign_in(&app, OPERATOR).await;
+    let run_page = format!("/ui/runs/{run_id}");
+    let no_token = visit(
+        &app,
+        Method::POST,
+        &format!("{run_page}/approvals"),
+        Some(&operator),
+        Some("task_index=1&rollout_index=0&attempt_index=0&reason=r"),
+        &[],
+    )
+    .await;
+    assert_eq!(no_token.status, StatusCode::FORBIDDEN, "{}", no_token.body);
+    let page = visit(&app, Method::GET, &run_page, Some(&operator), None, &[]).await;
+    assert!(page.body.contains("Take the run over"), "the run is leased");
+    let csrf = csrf_of(&page.body);
+    let unconfirmed = visit(
+        &app,
+        Method::POST,
+        &format!("{run_page}/takeover"),
+        Some(&operator),
+        Some(&format!("csrf={csrf}&holder=ops&reason=stuck&confirm=no")),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        unconfirmed.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        unconfirmed.body
+    );
+    let holder = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        holder.body["holder"]["holder"], "collector-a",
+        "the lease stands"
+    );
+    let confirmed = visit(
+        &app,
+        Method::POST,
+        &format!("{run_page}/takeover"),
+        Some(&operator),
+        Some(&format!("csrf={csrf}&holder=ops&reason=stuck&confirm=yes")),
+        &[],
+    )
+    .await;
+    assert_eq!(
+        confirmed.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        confirmed.body
+    );
+    let spoofed = visit(
+        &app,
+        Method::GET,
+        &format!("{run_page}?done=all+runs+deleted"),
+        Some(&operator),
+        None,
+        &[],
+    )
+    .await;
+    assert!(!spoofed.body.contains("all runs deleted") && !spoofed.body.contains("Done:"));
+    let after = visit(
+        &app,
+        Method::GET,
+        &format!("{run_page}?done=takeover"),
+        Some(&operator),
+        None,
+        &[],
+    )
+    .await;
+    assert!(
+        after.body.contains("Done: lease taken over."),
+        "{}",
+        after.body
+    );
+}

@@ -372,3 +372,137 @@ async fn a_refused_lease_id_is_never_echoed_and_a_full_last_page_has_no_cursor()
         );
     }
 }
+
+#[tokio::test]
+async fn outputs_named_like_temporaries_or_too_long_for_their_companions_are_refused_before_any_write()
+ {
+    let app = TestApp::new().await;
+    let deep = format!("deep/{}x.jsonl", "d/".repeat(2000));
+    for output in [
+        "exp/.victim.jsonl.0123456789abcdef0123456789abcdef.tmp".to_owned(),
+        deep,
+    ] {
+        let mut body = app.create_body();
+        body["output_path"] = json!(output);
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
+            "{}",
+            reply.body
+        );
+    }
+    assert!(!app.root.join("deep").exists(), "no directory was made");
+    assert!(!app.root.join("exp").exists(), "nothing was written");
+}
+
+#[tokio::test]
+async fn start_up_removes_only_a_runs_own_stale_temporaries_and_none_a_writer_holds() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let dir = app.output().parent().expect("dir").to_owned();
+    let id = "0123456789abcdef0123456789abcdef";
+    let companion = dir.join(format!(".out_manifest.json.{id}.tmp"));
+    let users = dir.join(format!(".notes.txt.{id}.tmp"));
+    for file in [&companion, &users] {
+        std::fs::write(file, b"partial").expect("temporary");
+    }
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
+    // A writer (the Python collector's lock, here another open file description) holds the run.
+    let held = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(recovery_sidecar::SidecarPaths::for_output(&app.output()).run_lock)
+        .expect("lock file");
+    rustix::fs::flock(&held, rustix::fs::FlockOperation::NonBlockingLockExclusive).expect("flock");
+    let removed = app
+        .state
+        .registry
+        .remove_stale_temporaries(later)
+        .await
+        .expect("sweep");
+    assert_eq!(removed, 0, "a held run's write in flight is left alone");
+    drop(held);
+    let removed = app
+        .state
+        .registry
+        .remove_stale_temporaries(later)
+        .await
+        .expect("sweep");
+    assert_eq!(removed, 1);
+    assert!(!companion.exists(), "the run's own temporary is removed");
+    assert!(
+        users.exists(),
+        "a user's file that looks like a temporary is kept"
+    );
+    let run = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(run.status, StatusCode::OK, "{}", run.body);
+}
+
+#[tokio::test]
+async fn replacing_a_run_a_collector_holds_is_refused_naming_the_holder() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    assert_eq!(
+        app.lease(&run_id, "collector-a").await.status,
+        StatusCode::CREATED
+    );
+    let mut body = app.create_body();
+    body["replace"] = json!(true);
+    let reply = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
+        .await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::LOCKED, Some("run_locked")),
+        "{}",
+        reply.body
+    );
+    assert_eq!(reply.body["details"]["holder"]["holder"], "collector-a");
+    let still = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        still.status,
+        StatusCode::OK,
+        "the run stands: {}",
+        still.body
+    );
+}
+
+#[tokio::test]
+async fn settings_that_refuse_everything_or_confuse_callers_stop_the_start() {
+    for (what, adjust) in [
+        (
+            "same token twice",
+            (|c: &mut ServerConfig| {
+                c.tokens
+                    .push(TokenEntry::parse(&format!("viewer:other:{OPERATOR}")).expect("token"));
+            }) as fn(&mut ServerConfig),
+        ),
+        ("no body", |c| c.body_limit_bytes = 0),
+        ("no time", |c| c.request_timeout = std::time::Duration::ZERO),
+        ("the file system root", |c| {
+            c.roots = vec![PathBuf::from("/")]
+        }),
+    ] {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut config = ServerConfig::local(dir.path().join("data"));
+        config.roots = vec![dir.path().join("runs")];
+        config.tokens =
+            vec![TokenEntry::parse(&format!("operator:alice:{OPERATOR}")).expect("token")];
+        adjust(&mut config);
+        let clock = Arc::new(ManualClock::new(time::OffsetDateTime::now_utc()));
+        let started = recovery_server::start(config, clock).await;
+        assert!(started.is_err(), "{what} is refused");
+    }
+}
