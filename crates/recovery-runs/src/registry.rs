@@ -740,6 +740,13 @@ impl Registry {
                 return Ok(report);
             }
         };
+        if let Err(why) = usable_run_id(&manifest.run_id) {
+            report.unreadable.push((
+                manifest_path.display().to_string(),
+                format!("run_id {why}: the service cannot name this run"),
+            ));
+            return Ok(report);
+        }
         let now = self.clock.now_text();
         // A known run keeps its creation time and its recorded output path when this manifest is
         // that output's; otherwise the files are the truth and the record follows them.
@@ -980,8 +987,6 @@ fn extension_record(run_id: &str, id: String, line: ExtensionLine) -> AttemptExt
     }
 }
 
-/// Whether a file name is an atomic write's temporary: `.<name>.<32 lowercase hex>.tmp`.
-
 /// Every `*_manifest.json` under the roots (symlinks not followed, hidden temporaries skipped).
 fn find_manifests(roots: &[PathBuf]) -> Vec<PathBuf> {
     let mut found = Vec::new();
@@ -1062,4 +1067,23 @@ fn run_lock_of(dir: &std::path::Path, name: &str) -> Option<PathBuf> {
         }
     };
     Some(recovery_sidecar::SidecarPaths::for_output(&output).run_lock)
+}
+
+/// Whether a run id read from a manifest on disk can name a run in URLs, rows and pages: one
+/// to 256 bytes of printable text without `/` or surrounding spaces (the ids collectors
+/// write are 32 hex digits).
+fn usable_run_id(id: &str) -> Result<(), &'static str> {
+    if id.is_empty() {
+        return Err("is empty");
+    }
+    if id.len() > 256 {
+        return Err("is longer than 256 bytes");
+    }
+    if id.trim() != id {
+        return Err("has surrounding spaces");
+    }
+    if id.chars().any(|c| c.is_control() || c == '/') {
+        return Err("holds a control character or a slash");
+    }
+    Ok(())
 }

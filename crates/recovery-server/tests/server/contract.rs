@@ -506,3 +506,50 @@ async fn settings_that_refuse_everything_or_confuse_callers_stop_the_start() {
         assert!(started.is_err(), "{what} is refused");
     }
 }
+
+#[tokio::test]
+async fn run_ids_a_manifest_on_disk_gives_that_cannot_name_a_run_are_never_adopted() {
+    let app = TestApp::new().await;
+    for (n, bad) in ["", " padded ", "a/b/../c", "a\u{0}b", &"x".repeat(300)]
+        .iter()
+        .enumerate()
+    {
+        let output = app.root.join(format!("odd{n}/out.jsonl"));
+        let mut body = app.create_body();
+        body["output_path"] = json!(output);
+        let created = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+        let paths = recovery_sidecar::SidecarPaths::for_output(&output);
+        let mut manifest: Value =
+            serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest"))
+                .expect("json");
+        manifest["run_id"] = json!(bad);
+        std::fs::write(&paths.manifest, manifest.to_string()).expect("edit");
+        let found = app
+            .call(
+                Method::GET,
+                &format!("/runs?output_path={}", output.display()),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        let ids: Vec<&str> = found.body["runs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["run_id"].as_str())
+            .collect();
+        assert!(!ids.contains(bad), "{bad:?} adopted: {}", found.body);
+    }
+    let reindexed = app
+        .call(Method::POST, "/reindex", Some(OPERATOR), None)
+        .await;
+    assert_eq!(
+        reindexed.body["unreadable"].as_array().map(Vec::len),
+        Some(5),
+        "{}",
+        reindexed.body
+    );
+}

@@ -464,6 +464,8 @@ impl Chaos {
                     self.unexpected("replace moved nothing", "/runs", None, 201, &reply);
                 }
             }
+            // A collector holds the run: a replacement waits for its lease to end.
+            Some((423, reply)) if reply["code"] == "run_locked" => {}
             Some((status, reply)) => self.unexpected("replace", "/runs", None, status, &reply),
         }
         self.refresh_slot(slot).await;
