@@ -11,24 +11,24 @@ use std::path::{Component, Path, PathBuf};
 /// Why an output path is not acceptable.
 #[derive(Debug, thiserror::Error)]
 pub enum PathError {
-    #[error("output path {0:?} must not contain '..'")]
+    #[error("path {0:?} must not contain '..'")]
     ParentComponent(PathBuf),
-    #[error("output path {0:?} has no file name")]
+    #[error("path {0:?} has no file name")]
     NoFileName(PathBuf),
-    #[error("output path {path:?} resolves to {resolved:?}, outside the allowed roots ({roots})")]
+    #[error("path {path:?} resolves to {resolved:?}, outside the allowed roots ({roots})")]
     OutsideRoots {
         path: PathBuf,
         resolved: PathBuf,
         roots: String,
     },
-    #[error("output path {path:?} cannot be resolved: {source}")]
+    #[error("path {path:?} cannot be resolved: {source}")]
     Unresolvable {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     #[error(
-        "output path {0:?} is a symbolic link to nothing: the service never writes through one"
+        "path {0:?} is a symbolic link to nothing: the service never writes through one"
     )]
     DanglingSymlink(PathBuf),
     #[error(
