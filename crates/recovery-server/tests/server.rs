@@ -221,6 +221,20 @@ async fn the_openapi_document_is_committed_and_lists_every_route_with_its_errors
     for (path, methods) in spec["paths"].as_object().expect("paths") {
         for (method, operation) in methods.as_object().expect("methods") {
             let responses = operation["responses"].as_object().expect("responses");
+            // A path parameter is one of the path's `{name}`s, and each `{name}` is declared:
+            // a query parameter declared `in: path` breaks every generated client.
+            let template: Vec<&str> = path
+                .split('/')
+                .filter_map(|s| s.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+                .collect();
+            let declared: Vec<&str> = operation["parameters"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["in"] == "path")
+                .filter_map(|p| p["name"].as_str())
+                .collect();
+            assert_eq!(declared, template, "{method} {path}: path parameters");
             if !["/healthz", "/readyz", "/metrics", "/openapi.json"].contains(&path.as_str()) {
                 assert!(
                     responses.contains_key("401"),
