@@ -751,6 +751,34 @@ impl Registry {
         // A known run keeps its creation time and its recorded output path when this manifest is
         // that output's; otherwise the files are the truth and the record follows them.
         let existing = self.store.get_run(&manifest.run_id).await?;
+        // A run moved (its old manifest gone) follows its files; a copy (`cp -r` of a run's
+        // folder: the recorded manifest still there, naming the same run) is never adopted, or
+        // the run would flip between its two outputs.
+        if let Some(original) = existing
+            .as_ref()
+            .map(|e| SidecarPaths::for_output(Path::new(&e.output_path)).manifest)
+            && original != manifest_path
+        {
+            let (check, id) = (original.clone(), manifest.run_id.clone());
+            let still_there = blocking(move || {
+                Ok(std::fs::read(&check)
+                    .ok()
+                    .and_then(|bytes| RunManifest::run_id_of(&bytes))
+                    .is_some_and(|other| other == id))
+            })
+            .await?;
+            if still_there {
+                report.unreadable.push((
+                    manifest_path.display().to_string(),
+                    format!(
+                        "a copy of run {} (whose manifest is {}): give the copy a new run, or remove it",
+                        manifest.run_id,
+                        original.display()
+                    ),
+                ));
+                return Ok(report);
+            }
+        }
         if existing.is_none() {
             report.runs += 1;
         }
@@ -1048,25 +1076,19 @@ pub fn output_for_manifest(manifest: &Path) -> PathBuf {
     candidate.unwrap_or(default)
 }
 
-/// The run lock of the run `name` in `dir` belongs to: a companion by its suffix, or an output
-/// with its manifest beside it; `None` for a file of no run (a user's file that only looks like
-/// a temporary is never touched).
+/// The run lock of the run `name` in `dir` belongs to (a companion by its suffix, else an
+/// output), when that run exists; `None` for a file of no run (a user's file that only looks
+/// like a temporary is never touched).
 fn run_lock_of(dir: &std::path::Path, name: &str) -> Option<PathBuf> {
     let output = recovery_sidecar::paths::COMPANION_SUFFIXES
         .iter()
         .find_map(|suffix| name.strip_suffix(suffix))
         .map(|stem| dir.join(format!("{stem}.jsonl")));
-    let output = match output {
-        Some(output) => output,
-        None => {
-            let path = dir.join(name);
-            recovery_sidecar::SidecarPaths::for_output(&path)
-                .manifest
-                .is_file()
-                .then_some(path)?
-        }
-    };
-    Some(recovery_sidecar::SidecarPaths::for_output(&output).run_lock)
+    let output = output.unwrap_or_else(|| dir.join(name));
+    // A run has its lock file (the service and Python collectors create it before writing
+    // anything); a stem without one is no run, and nothing of it is touched.
+    let lock = recovery_sidecar::SidecarPaths::for_output(&output).run_lock;
+    lock.is_file().then_some(lock)
 }
 
 /// Whether a run id read from a manifest on disk can name a run in URLs, rows and pages: one

@@ -218,6 +218,15 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
             source,
         })?;
     }
+    // `--root /tmp/..` or a link to `/` is the file system root too: every start would read it.
+    for root in &config.roots {
+        if std::fs::canonicalize(root).is_ok_and(|r| r.parent().is_none()) {
+            return Err(StartError::Config(format!(
+                "--root {}: resolves to the file system root, which cannot be a root of runs",
+                root.display()
+            )));
+        }
+    }
     let store = Store::connect(&config.database_url()).await?;
     let registry = Registry::new(
         store,

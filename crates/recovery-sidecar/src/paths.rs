@@ -27,9 +27,7 @@ pub enum PathError {
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "path {0:?} is a symbolic link to nothing: the service never writes through one"
-    )]
+    #[error("path {0:?} is a symbolic link to nothing: the service never writes through one")]
     DanglingSymlink(PathBuf),
     #[error(
         "output path {path:?}: its companion {companion:?} (with the temporary name an atomic write \
@@ -51,6 +49,10 @@ pub enum PathError {
          path limit; use a shorter path"
     )]
     PathTooLong { path: PathBuf, max: usize },
+    #[error("path {0:?} has a component longer than the {NAME_MAX}-byte file name limit")]
+    ComponentTooLong(PathBuf),
+    #[error("output path {path:?}: its companion {companion:?} is a directory")]
+    CompanionIsDirectory { path: PathBuf, companion: PathBuf },
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
         path: PathBuf,
@@ -97,6 +99,13 @@ impl Confinement {
         };
         if absolute.file_name().is_none() {
             return Err(PathError::NoFileName(requested.to_owned()));
+        }
+        // The directories' names (the file's own name is checked with its companions').
+        let too_long = absolute
+            .parent()
+            .is_some_and(|dir| dir.components().any(|c| c.as_os_str().len() > NAME_MAX));
+        if too_long {
+            return Err(PathError::ComponentTooLong(requested.to_owned()));
         }
         // Resolve the longest existing prefix; the rest does not exist, so it holds no symlink.
         // A component that vanishes meanwhile (a replacement renaming the output) moves the
@@ -264,6 +273,14 @@ impl SidecarPaths {
             .map(|p| p.as_os_str().len())
             .max()
             .unwrap_or(0);
+        // The output itself may be a directory (refused elsewhere as such); a companion that is
+        // one would fail midway through a create.
+        if let Some(companion) = self.all()[1..].iter().find(|p| p.is_dir()) {
+            return Err(PathError::CompanionIsDirectory {
+                path: self.output.clone(),
+                companion: companion.to_path_buf(),
+            });
+        }
         if longest_path + NAME_OVERHEAD > PATH_MAX {
             return Err(PathError::PathTooLong {
                 path: self.output.clone(),

@@ -118,13 +118,25 @@ pub struct Resolver<'env> {
     env: &'env BTreeMap<String, String>,
     /// Paths of string values being resolved, to detect cycles.
     active: Vec<Vec<Segment>>,
+    /// Nodes and template bytes still allowed: references that repeat references grow
+    /// exponentially (a 2 KB configuration can resolve to gigabytes), so resolution stops at a
+    /// size no real configuration reaches.
+    nodes_left: usize,
+    bytes_left: usize,
 }
+
+/// The most nodes one resolution produces.
+pub const MAX_RESOLVED_NODES: usize = 500_000;
+/// The most bytes of string templates one resolution produces.
+pub const MAX_RESOLVED_BYTES: usize = 64 << 20;
 
 impl<'env> Resolver<'env> {
     pub fn new(env: &'env BTreeMap<String, String>) -> Self {
         Self {
             env,
             active: Vec::new(),
+            nodes_left: MAX_RESOLVED_NODES,
+            bytes_left: MAX_RESOLVED_BYTES,
         }
     }
 
@@ -148,6 +160,12 @@ impl<'env> Resolver<'env> {
         value: &Value,
         path: &[Segment],
     ) -> Result<Value, InterpolationError> {
+        self.nodes_left = self.nodes_left.checked_sub(1).ok_or_else(|| InterpolationError {
+            key: display_path(path),
+            message: format!(
+                "the configuration resolves to more than {MAX_RESOLVED_NODES} values (references repeating references)"
+            ),
+        })?;
         match value {
             Value::String(s) if has_interpolation(s) => self.resolve_string(root, s, path),
             Value::Object(map) => {
@@ -212,6 +230,14 @@ impl<'env> Resolver<'env> {
                 }
             }
         }
+        self.bytes_left = self.bytes_left.checked_sub(text.len()).ok_or_else(|| {
+            InterpolationError {
+                key: display_path(path),
+                message: format!(
+                    "the configuration's templates resolve to more than {MAX_RESOLVED_BYTES} bytes"
+                ),
+            }
+        })?;
         Ok(Value::String(text))
     }
 

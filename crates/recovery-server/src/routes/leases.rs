@@ -78,7 +78,14 @@ async fn lease_request(
         let dir = state
             .registry
             .confinement()
-            .resolve(std::path::Path::new(dir))
+            // Resolved with the lock file's name, so that the directory's own name is checked
+            // like every directory of a path.
+            .resolve(&std::path::Path::new(dir).join(".collector.lock"))
+            .map(|lock| {
+                lock.parent()
+                    .map(std::path::Path::to_path_buf)
+                    .unwrap_or(lock)
+            })
             .map_err(|e| {
                 ApiError::new(
                     crate::error::ErrorCode::PathRefused,

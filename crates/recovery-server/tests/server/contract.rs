@@ -109,7 +109,7 @@ async fn an_output_name_too_long_for_its_companions_is_path_refused_before_anyth
 }
 
 #[tokio::test]
-async fn a_lock_file_that_cannot_be_opened_is_an_internal_error_never_run_locked() {
+async fn a_lock_file_that_cannot_be_a_file_is_refused_as_a_path_never_run_locked() {
     let app = TestApp::new().await;
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
     // A directory where the run's lock file belongs: no process holds it, so a client
@@ -125,7 +125,7 @@ async fn a_lock_file_that_cannot_be_opened_is_an_internal_error_never_run_locked
         .await;
     assert_eq!(
         (reply.status, reply.body["code"].as_str()),
-        (StatusCode::INTERNAL_SERVER_ERROR, Some("internal")),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
         "{}",
         reply.body
     );
@@ -406,7 +406,10 @@ async fn start_up_removes_only_a_runs_own_stale_temporaries_and_none_a_writer_ho
     let id = "0123456789abcdef0123456789abcdef";
     let companion = dir.join(format!(".out_manifest.json.{id}.tmp"));
     let users = dir.join(format!(".notes.txt.{id}.tmp"));
-    for file in [&companion, &users] {
+    let lonely_dir = app.root.join("lonely");
+    std::fs::create_dir_all(&lonely_dir).expect("dir");
+    let lonely = lonely_dir.join(format!(".thesis_failures.jsonl.{id}.tmp"));
+    for file in [&companion, &users, &lonely] {
         std::fs::write(file, b"partial").expect("temporary");
     }
     let later = std::time::SystemTime::now() + std::time::Duration::from_secs(1);
@@ -436,6 +439,14 @@ async fn start_up_removes_only_a_runs_own_stale_temporaries_and_none_a_writer_ho
     assert!(
         users.exists(),
         "a user's file that looks like a temporary is kept"
+    );
+    assert!(
+        lonely.exists(),
+        "a companion's name without a run (no run lock) is kept"
+    );
+    assert!(
+        !lonely_dir.join("thesis_run.lock").exists(),
+        "and no lock is made for it"
     );
     let run = app
         .call(
@@ -494,6 +505,9 @@ async fn settings_that_refuse_everything_or_confuse_callers_stop_the_start() {
         ("the file system root", |c| {
             c.roots = vec![PathBuf::from("/")]
         }),
+        ("a path to the file system root", |c| {
+            c.roots = vec![PathBuf::from("/tmp/..")]
+        }),
     ] {
         let dir = tempfile::tempdir().expect("dir");
         let mut config = ServerConfig::local(dir.path().join("data"));
@@ -551,5 +565,111 @@ async fn run_ids_a_manifest_on_disk_gives_that_cannot_name_a_run_are_never_adopt
         Some(5),
         "{}",
         reindexed.body
+    );
+}
+
+#[tokio::test]
+async fn long_components_and_companions_that_are_directories_are_refused_before_any_write() {
+    let app = TestApp::new().await;
+    let long = "d".repeat(300);
+    let blocked = app.root.join("p9");
+    std::fs::create_dir_all(blocked.join("t_manifest_identity.json")).expect("a directory");
+    for (output, written) in [
+        (
+            app.root.join(format!("p5/{long}/o.jsonl")),
+            app.root.join("p5"),
+        ),
+        (blocked.join("t.jsonl"), blocked.join("t.jsonl")),
+    ] {
+        let mut body = app.create_body();
+        body["output_path"] = json!(output);
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
+            "{}",
+            reply.body
+        );
+        assert!(!written.exists(), "nothing written: {}", written.display());
+    }
+    let run_id = app.create().await;
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"holder": "c", "host": "h", "pid": 1, "checkpoint_dir": format!("ck/{long}")})),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+    assert!(!app.root.join("ck").exists());
+}
+
+#[tokio::test]
+async fn references_that_repeat_references_are_refused_at_a_size_no_configuration_reaches() {
+    let app = TestApp::new().await;
+    let mut config = config(0.3);
+    config["l0"] = json!("x".repeat(16));
+    for level in 1..40 {
+        let previous = format!("${{_collection_identity.l{}}}", level - 1);
+        config[format!("l{level}")] = json!([previous, previous]);
+    }
+    let mut body = app.create_body();
+    body["config"] = config;
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("identity_error")),
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("more than")),
+        "{}",
+        reply.body
+    );
+}
+
+#[tokio::test]
+async fn a_copy_of_a_runs_folder_is_reported_and_never_moves_the_run() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let copy = app.root.join("copy/out.jsonl");
+    let copied = recovery_sidecar::SidecarPaths::for_output(&copy);
+    std::fs::create_dir_all(copy.parent().expect("dir")).expect("dir");
+    for (from, to) in [
+        (&paths.manifest, &copied.manifest),
+        (&paths.identity, &copied.identity),
+        (&paths.materialized, &copied.materialized),
+        (&paths.output, &copied.output),
+        (&paths.failures, &copied.failures),
+    ] {
+        std::fs::copy(from, to).expect("copy");
+    }
+    let reindexed = app
+        .call(Method::POST, "/reindex", Some(OPERATOR), None)
+        .await;
+    let unreadable = reindexed.body["unreadable"].to_string();
+    assert!(unreadable.contains("a copy of run"), "{}", reindexed.body);
+    let run = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        run.body["run"]["output_path"],
+        json!(app.output().display().to_string()),
+        "{}",
+        run.body
     );
 }
