@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -311,10 +312,14 @@ def test_internal(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> No
     spec = new_run()
     lock = spec.companion("_run.lock")
     lock.unlink()
-    lock.mkdir()  # the run's lock file cannot be opened: the service's failure, not a lock
+    # A socket where the run's lock file belongs cannot be opened (ENXIO): the service's own
+    # failure, never a lock to wait for.
+    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    holder.bind(str(lock))
     with pytest.raises(InternalError) as caught:
         client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
     _assert_error(caught.value, "internal", 500)
+    holder.close()
 
 
 def test_overloaded_carries_retry_after(client: RecoveryClient, service: Service) -> None:
