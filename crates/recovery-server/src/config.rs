@@ -154,12 +154,6 @@ impl ServerConfig {
                 "--request-timeout-secs (RR_REQUEST_TIMEOUT_SECS) must be at least 1".into(),
             );
         }
-        if let Some(root) = self.roots.iter().find(|r| r.parent().is_none()) {
-            return Err(format!(
-                "--root {}: the file system root cannot be a root of runs (every start reads all of it)",
-                root.display()
-            ));
-        }
         if self.tokens.is_empty() && !self.bind.ip().is_loopback() {
             return Err(format!(
                 "refusing to serve {} without tokens: configure --token role:name:token (RR_TOKENS) or bind to 127.0.0.1",

@@ -158,17 +158,33 @@ async fn send(
         None => request.body(Body::empty()),
     }
     .expect("request");
+    let (status, _, bytes) = respond(state, request).await;
+    Reply::of(status, &bytes)
+}
+
+/// Any request through the router: its status, headers and body.
+async fn respond(
+    state: AppState,
+    request: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, axum::body::Bytes) {
     let response = recovery_server::app(state)
         .oneshot(request)
         .await
         .expect("response");
-    let status = response.status();
+    let (status, headers) = (response.status(), response.headers().clone());
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .expect("body");
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    Reply { status, body }
+    (status, headers, bytes)
+}
+
+impl Reply {
+    /// A JSON answer, or its text as a JSON string when it is not JSON.
+    fn of(status: StatusCode, bytes: &[u8]) -> Self {
+        let body = serde_json::from_slice(bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()));
+        Self { status, body }
+    }
 }
 
 fn config(temperature: f64) -> Value {

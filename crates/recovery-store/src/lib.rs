@@ -490,24 +490,7 @@ impl Store {
         limit: u32,
         before: Option<&Cursor>,
     ) -> Result<Vec<RunRecord>, StoreError> {
-        let mut sql = format!("SELECT {} FROM runs", Self::RUN_COLUMNS);
-        if before.is_some() {
-            sql.push_str(" WHERE (created_at < $1 OR (created_at = $1 AND run_id < $2))");
-        }
-        sql.push_str(&format!(
-            " ORDER BY created_at DESC, run_id DESC LIMIT {}",
-            limit.clamp(1, 1000)
-        ));
-        let mut query = sqlx::query(&sql);
-        if let Some(cursor) = before {
-            query = query.bind(&cursor.at).bind(&cursor.id);
-        }
-        query
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(Self::run_from_row)
-            .collect()
+        self.runs_page(None, limit, before).await
     }
 
     /// Runs whose output path contains `text`, newest first, paged like [`Self::list_runs`].
@@ -523,20 +506,42 @@ impl Store {
                 .replace('%', "\\%")
                 .replace('_', "\\_")
         );
-        let mut sql = format!(
-            "SELECT {} FROM runs WHERE output_path LIKE $1 ESCAPE '\\'",
-            Self::RUN_COLUMNS
-        );
-        if before.is_some() {
-            sql.push_str(" AND (created_at < $2 OR (created_at = $2 AND run_id < $3))");
+        self.runs_page(Some(pattern), limit, before).await
+    }
+
+    /// Newest runs first (keyset paged by creation time and id), those whose output path is
+    /// `LIKE` the pattern when one is given.
+    async fn runs_page(
+        &self,
+        pattern: Option<String>,
+        limit: u32,
+        before: Option<&Cursor>,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        let mut conditions = Vec::new();
+        let mut binds = Vec::new();
+        if let Some(pattern) = pattern {
+            binds.push(pattern);
+            conditions.push("output_path LIKE $1 ESCAPE '\\'".to_owned());
+        }
+        if let Some(cursor) = before {
+            let (at, id) = (binds.len() + 1, binds.len() + 2);
+            binds.extend([cursor.at.clone(), cursor.id.clone()]);
+            conditions.push(format!(
+                "(created_at < ${at} OR (created_at = ${at} AND run_id < ${id}))"
+            ));
+        }
+        let mut sql = format!("SELECT {} FROM runs", Self::RUN_COLUMNS);
+        if !conditions.is_empty() {
+            sql.push_str(" WHERE ");
+            sql.push_str(&conditions.join(" AND "));
         }
         sql.push_str(&format!(
             " ORDER BY created_at DESC, run_id DESC LIMIT {}",
             limit.clamp(1, 1000)
         ));
-        let mut query = sqlx::query(&sql).bind(pattern);
-        if let Some(cursor) = before {
-            query = query.bind(&cursor.at).bind(&cursor.id);
+        let mut query = sqlx::query(&sql);
+        for value in &binds {
+            query = query.bind(value);
         }
         query
             .fetch_all(&self.pool)
@@ -1179,34 +1184,12 @@ impl Store {
         run_id: Option<&str>,
         limit: u32,
     ) -> Result<Vec<AuditEntry>, StoreError> {
-        let mut sql =
-            String::from("SELECT audit_id, at, actor, action, run_id, details FROM audit_log");
-        if run_id.is_some() {
-            sql.push_str(" WHERE run_id = $1");
-        }
-        sql.push_str(&format!(
-            " ORDER BY at DESC, audit_id DESC LIMIT {}",
-            limit.clamp(1, 1000)
-        ));
-        let mut query = sqlx::query(&sql);
-        if let Some(run_id) = run_id {
-            query = query.bind(run_id);
-        }
-        query
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(AuditEntry {
-                    audit_id: row.try_get("audit_id")?,
-                    at: row.try_get("at")?,
-                    actor: row.try_get("actor")?,
-                    action: row.try_get("action")?,
-                    run_id: row.try_get("run_id")?,
-                    details: serde_json::from_str(&row.try_get::<String, _>("details")?)?,
-                })
-            })
-            .collect()
+        self.query_audit(&AuditFilter {
+            run_id: run_id.map(str::to_owned),
+            limit,
+            ..AuditFilter::default()
+        })
+        .await
     }
 
     /// Audit entries, newest first, filtered by run, actor and action (each exact when given).

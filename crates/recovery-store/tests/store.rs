@@ -157,6 +157,49 @@ async fn runs_are_recorded_found_and_paged() {
 }
 
 #[tokio::test]
+async fn runs_are_searched_by_output_path_with_like_wildcards_taken_literally_and_paged() {
+    with_each_backend(|store| async move {
+        for (n, (id, output)) in [
+            ("under", "/data/exp_a/out.jsonl"),
+            ("percent", "/data/exp%a/out.jsonl"),
+            ("plain", "/data/expxa/out.jsonl"),
+            ("slash", "/data/exp\\a/out.jsonl"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            store
+                .upsert_run(&run(id, output, n as u32 + 1))
+                .await
+                .expect("run");
+        }
+        let ids = |runs: Vec<RunRecord>| runs.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
+        for (text, found) in [
+            ("exp_a", vec!["under"]),
+            ("exp%a", vec!["percent"]),
+            ("exp\\a", vec!["slash"]),
+            ("/data/", vec!["slash", "plain", "percent", "under"]),
+        ] {
+            let runs = store.search_runs(text, 10, None).await.expect("search");
+            assert_eq!(ids(runs), found, "{text}");
+        }
+        let first = store.search_runs("/data/", 2, None).await.expect("page");
+        let last = &first[1];
+        let cursor = Cursor {
+            at: last.created_at.clone(),
+            id: last.run_id.clone(),
+        };
+        let rest = store
+            .search_runs("/data/", 10, Some(&cursor))
+            .await
+            .expect("page");
+        assert_eq!(ids(first), ["slash", "plain"]);
+        assert_eq!(ids(rest), ["percent", "under"]);
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn resume_and_drift_events_are_idempotent_and_queryable() {
     with_each_backend(|store| async move {
         let event = ResumeEvent {

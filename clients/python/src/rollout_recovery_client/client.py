@@ -464,20 +464,18 @@ class RecoveryClient:
 
     def release_lease(self, run_id: str, lease_id: str) -> None:
         """Release a lease (and the run's lock)."""
-        self._send(
-            "DELETE",
-            f"/runs/{_segment(run_id)}/lease",
-            json={"lease_id": lease_id},
-            secret=lease_id,
-        )
+        self._release(run_id, lease_id, check_leases=True)
 
     def _release_quietly(self, run_id: str, lease_id: str) -> None:
         """Release without raising a pending lost lease first (the keeper's exit path)."""
+        self._release(run_id, lease_id, check_leases=False)
+
+    def _release(self, run_id: str, lease_id: str, *, check_leases: bool) -> None:
         self._send(
             "DELETE",
             f"/runs/{_segment(run_id)}/lease",
             json={"lease_id": lease_id},
-            check_leases=False,
+            check_leases=check_leases,
             secret=lease_id,
         )
 

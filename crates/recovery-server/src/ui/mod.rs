@@ -14,7 +14,7 @@ use crate::routes;
 use crate::state::AppState;
 use axum::Router;
 use axum::extract::rejection::FormRejection;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, FromRequest, FromRequestParts, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -74,6 +74,61 @@ fn api_request<T: DeserializeOwned>(fields: Value) -> Result<T, BadForm> {
 
 fn form<T>(form: Result<Form<T>, FormRejection>) -> Result<T, BadForm> {
     form.map(|Form(f)| f).map_err(|e| BadForm(e.body_text()))
+}
+
+/// A form whose fields carry the session's CSRF token.
+trait SignedFields {
+    fn csrf(&self) -> &str;
+}
+
+/// A state-changing form, accepted only from the visitor's own session and origin: the
+/// visitor (or the sign-in page / 403), then the fields (or a 422 page naming the field), then
+/// the CSRF check (403). Every action takes its form through this one extractor.
+struct SignedForm<T>(Visitor, T);
+
+impl<T> FromRequest<AppState> for SignedForm<T>
+where
+    T: DeserializeOwned + SignedFields + Send,
+{
+    type Rejection = Response;
+
+    async fn from_request(
+        request: axum::extract::Request,
+        state: &AppState,
+    ) -> Result<Self, Response> {
+        let (mut parts, body) = request.into_parts();
+        let visitor = Visitor::from_request_parts(&mut parts, state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let headers = parts.headers.clone();
+        let request = axum::extract::Request::from_parts(parts, body);
+        let sent = form(Form::<T>::from_request(request, state).await)
+            .map_err(IntoResponse::into_response)?;
+        check_form(&visitor, &headers, sent.csrf()).map_err(IntoResponse::into_response)?;
+        Ok(Self(visitor, sent))
+    }
+}
+
+/// `Query<T>` whose rejection is a 422 page naming the parameter, as forms are.
+struct PageQuery<T>(T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for PageQuery<T> {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &AppState,
+    ) -> Result<Self, Response> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(query)| Self(query))
+            .map_err(|e| {
+                pages::error_page(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &format!("the address: {}", e.body_text()),
+                )
+            })
+    }
 }
 
 /// After an action: back to the run with what happened, or the API's refusal as a page.
@@ -148,19 +203,16 @@ struct CsrfForm {
     csrf: String,
 }
 
+impl SignedFields for CsrfForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 async fn logout(
     State(state): State<AppState>,
-    visitor: Visitor,
-    headers: HeaderMap,
-    sent: Result<Form<CsrfForm>, FormRejection>,
+    SignedForm(visitor, _): SignedForm<CsrfForm>,
 ) -> Response {
-    let sent = match form(sent) {
-        Ok(sent) => sent,
-        Err(bad) => return bad.into_response(),
-    };
-    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
-        return refusal.into_response();
-    }
     let cookie = session::end(&state, &visitor).await;
     (
         StatusCode::SEE_OTHER,
@@ -183,7 +235,7 @@ struct RunsQuery {
 async fn runs(
     State(state): State<AppState>,
     visitor: Visitor,
-    Query(query): Query<RunsQuery>,
+    PageQuery(query): PageQuery<RunsQuery>,
 ) -> Response {
     let search = query.q.as_deref().map(str::trim).filter(|q| !q.is_empty());
     let cursor = query
@@ -230,8 +282,20 @@ pub struct RunSummary {
     pub holder: Option<routes::leases::HolderView>,
     /// The plan's summary (`state_counts`, `cap`), or why there is none.
     pub plan: Result<Value, String>,
-    pub last_validation: Option<recovery_store::ResumeEvent>,
-    pub last_drift: Option<recovery_store::ResumeEvent>,
+    /// The run's latest validations, newest first.
+    pub history: Vec<recovery_store::ResumeEvent>,
+}
+
+impl RunSummary {
+    pub fn last_validation(&self) -> Option<&recovery_store::ResumeEvent> {
+        self.history.first()
+    }
+
+    pub fn last_drift(&self) -> Option<&recovery_store::ResumeEvent> {
+        self.history
+            .iter()
+            .find(|e| e.outcome == "resume_with_drift")
+    }
 }
 
 /// The summary of a run; `plan` when the caller read the run's plan already.
@@ -261,11 +325,7 @@ async fn run_summary(
         .await
         .unwrap_or_default();
     RunSummary {
-        last_validation: events.first().cloned(),
-        last_drift: events
-            .iter()
-            .find(|e| e.outcome == "resume_with_drift")
-            .cloned(),
+        history: events,
         record,
         holder,
         plan,
@@ -306,7 +366,7 @@ async fn run(
     State(state): State<AppState>,
     visitor: Visitor,
     Path(run_id): Path<String>,
-    Query(query): Query<RunQuery>,
+    PageQuery(query): PageQuery<RunQuery>,
 ) -> Response {
     // The run's record, not its manifest: a 100k-rollout manifest takes a while to read, and
     // the plan (indexed once per run) answers the cap and the states.
@@ -325,17 +385,11 @@ async fn run(
     )
     .await;
     // The page's plan carries the whole run's counts too: one plan read per page.
-    let summary = run_summary(&state, &visitor, record.clone(), Some(plan.clone())).await;
+    let summary = run_summary(&state, &visitor, record.clone(), Some(plan)).await;
     let approvals = state
         .registry
         .store()
         .list_approvals(&run_id)
-        .await
-        .unwrap_or_default();
-    let history = state
-        .registry
-        .store()
-        .list_resume_events(&run_id, 50)
         .await
         .unwrap_or_default();
     let now = state.registry.clock().now();
@@ -345,10 +399,8 @@ async fn run(
         &pages::RunPage {
             record: &record,
             summary: &summary,
-            plan: &plan,
             filter,
             approvals: &approvals,
-            history: &history,
             done: query.done.as_deref().and_then(pages::done_message),
         },
     )
@@ -366,7 +418,7 @@ struct DriftQuery {
 async fn drift(
     State(state): State<AppState>,
     visitor: Visitor,
-    Query(query): Query<DriftQuery>,
+    PageQuery(query): PageQuery<DriftQuery>,
 ) -> Response {
     let blank = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
     let run: Result<routes::query::DriftRunParam, _> =
@@ -406,7 +458,7 @@ async fn drift(
 async fn audit(
     State(state): State<AppState>,
     visitor: Visitor,
-    Query(params): Query<routes::audit::AuditParams>,
+    PageQuery(params): PageQuery<routes::audit::AuditParams>,
 ) -> Response {
     let filter = pages::AuditFilters {
         run_id: params.run_id.clone().filter(|s| !s.trim().is_empty()),
@@ -441,20 +493,17 @@ struct TakeoverForm {
     confirm: Option<String>,
 }
 
+impl SignedFields for TakeoverForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 async fn takeover(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    visitor: Visitor,
-    headers: HeaderMap,
-    sent: Result<Form<TakeoverForm>, FormRejection>,
+    SignedForm(visitor, sent): SignedForm<TakeoverForm>,
 ) -> Response {
-    let sent = match form(sent) {
-        Ok(sent) => sent,
-        Err(bad) => return bad.into_response(),
-    };
-    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
-        return refusal.into_response();
-    }
     if sent.confirm.as_deref() != Some("yes") {
         return pages::error_page(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -488,20 +537,17 @@ struct ApproveForm {
     reason: String,
 }
 
+impl SignedFields for ApproveForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 async fn approve(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    visitor: Visitor,
-    headers: HeaderMap,
-    sent: Result<Form<ApproveForm>, FormRejection>,
+    SignedForm(visitor, sent): SignedForm<ApproveForm>,
 ) -> Response {
-    let sent = match form(sent) {
-        Ok(sent) => sent,
-        Err(bad) => return bad.into_response(),
-    };
-    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
-        return refusal.into_response();
-    }
     let request = match api_request(json!({
         "task_index": sent.task_index, "rollout_index": sent.rollout_index,
         "attempt_index": sent.attempt_index, "reason": sent.reason,
@@ -522,17 +568,8 @@ async fn approve(
 async fn revoke(
     State(state): State<AppState>,
     Path((run_id, approval_id)): Path<(String, String)>,
-    visitor: Visitor,
-    headers: HeaderMap,
-    sent: Result<Form<CsrfForm>, FormRejection>,
+    SignedForm(visitor, _): SignedForm<CsrfForm>,
 ) -> Response {
-    let sent = match form(sent) {
-        Ok(sent) => sent,
-        Err(bad) => return bad.into_response(),
-    };
-    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
-        return refusal.into_response();
-    }
     let result = routes::ops::revoke_approval(
         State(state),
         Path((run_id.clone(), approval_id)),
@@ -551,20 +588,17 @@ struct ExtendForm {
     reason: String,
 }
 
+impl SignedFields for ExtendForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 async fn extend(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    visitor: Visitor,
-    headers: HeaderMap,
-    sent: Result<Form<ExtendForm>, FormRejection>,
+    SignedForm(visitor, sent): SignedForm<ExtendForm>,
 ) -> Response {
-    let sent = match form(sent) {
-        Ok(sent) => sent,
-        Err(bad) => return bad.into_response(),
-    };
-    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
-        return refusal.into_response();
-    }
     let request = match api_request(
         json!({"extend_attempts": sent.extend_attempts, "reason": sent.reason}),
     ) {
@@ -589,20 +623,17 @@ struct ReasonForm {
     reason: String,
 }
 
+impl SignedFields for ReasonForm {
+    fn csrf(&self) -> &str {
+        &self.csrf
+    }
+}
+
 async fn resubmit(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    visitor: Visitor,
-    headers: HeaderMap,
-    sent: Result<Form<ReasonForm>, FormRejection>,
+    SignedForm(visitor, sent): SignedForm<ReasonForm>,
 ) -> Response {
-    let sent = match form(sent) {
-        Ok(sent) => sent,
-        Err(bad) => return bad.into_response(),
-    };
-    if let Err(refusal) = check_form(&visitor, &headers, &sent.csrf) {
-        return refusal.into_response();
-    }
     let request = match api_request(json!({"reason": sent.reason})) {
         Ok(request) => request,
         Err(bad) => return bad.into_response(),

@@ -11,7 +11,7 @@ use crate::routes::query::DriftPage;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-use recovery_store::{Approval, AuditEntry, ResumeEvent};
+use recovery_store::{Approval, AuditEntry};
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -296,11 +296,11 @@ pub fn runs(
                                     }
                                 }
                                 td { @if let Ok(plan) = &row.plan { (plan["cap"]) } }
-                                td { @match &row.last_drift {
+                                td { @match row.last_drift() {
                                     Some(e) => { (when(&e.at, now)) br; small.mono { (e.operational_keys.join(", ")) } },
                                     None => "none",
                                 } }
-                                td { @match &row.last_validation {
+                                td { @match row.last_validation() {
                                     Some(e) => { (e.outcome) br; small { (when(&e.at, now)) } },
                                     None => "none",
                                 } }
@@ -322,10 +322,8 @@ pub fn runs(
 pub struct RunPage<'a> {
     pub record: &'a recovery_store::RunRecord,
     pub summary: &'a RunSummary,
-    pub plan: &'a Result<Value, String>,
     pub filter: Option<&'a str>,
     pub approvals: &'a [Approval],
-    pub history: &'a [ResumeEvent],
     pub done: Option<&'a str>,
 }
 
@@ -361,7 +359,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                     dt { "Created" } dd { (when(&run.created_at, now)) }
                     dt { "Legacy import / identity overridden" } dd { (run.legacy_import) " / " (run.identity_overridden) }
                     dt { "Attempt cap" } dd {
-                        @if let Ok(plan) = page.plan { (plan["cap"]) } @else { "?" }
+                        @if let Ok(plan) = &page.summary.plan { (plan["cap"]) } @else { "?" }
                         " (saved: " (run.max_rollout_attempts.map_or("the service default".to_owned(), |c| c.to_string())) ", plus extensions)"
                     }
                 }
@@ -387,7 +385,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
             }
             section aria-labelledby="plan" {
                 h2 id="plan" { "Plan" }
-                @match page.plan {
+                @match &page.summary.plan {
                     Err(problem) => p.problem { (problem) },
                     Ok(plan) => (plan_section(visitor, &run_path, page.filter, plan)),
                 }
@@ -451,7 +449,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                     caption { "This run's validations, newest first (drift: resumes across operational changes)" }
                     thead { tr { th scope="col" { "When" } th scope="col" { "Outcome" } th scope="col" { "Keys" } th scope="col" { "Client" } } }
                     tbody {
-                        @for e in page.history {
+                        @for e in &page.summary.history {
                             tr {
                                 td { (when(&e.at, now)) }
                                 td { (e.outcome) }
@@ -459,7 +457,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                                 td { (e.client.as_deref().unwrap_or("")) }
                             }
                         }
-                        @if page.history.is_empty() { tr { td colspan="4" { "None yet." } } }
+                        @if page.summary.history.is_empty() { tr { td colspan="4" { "None yet." } } }
                     }
                 } }
                 p { a href={ "/ui/drift?run_id=" (url_encode(&run.run_id)) } { "This run's drift over time" } }

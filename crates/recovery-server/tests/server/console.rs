@@ -42,15 +42,7 @@ async fn visit_state(
         None => request.body(Body::empty()),
     }
     .expect("request");
-    let response = recovery_server::app(state)
-        .oneshot(request)
-        .await
-        .expect("response");
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("body");
+    let (status, headers, bytes) = respond(state, request).await;
     Page {
         status,
         headers,

@@ -9,22 +9,24 @@ async fn send_headers(app: &TestApp, uri: &str, headers: &[(&str, String)]) -> R
     for (name, value) in headers {
         request = request.header(*name, value);
     }
-    let response = recovery_server::app(app.state.clone())
-        .oneshot(request.body(Body::empty()).expect("request"))
-        .await
-        .expect("response");
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .expect("body");
-    let body = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    Reply { status, body }
+    let request = request.body(Body::empty()).expect("request");
+    let (status, _, bytes) = respond(app.state.clone(), request).await;
+    Reply::of(status, &bytes)
 }
 
 /// `depth` nested arrays around `0`.
 fn nested(depth: usize) -> String {
     format!("{}0{}", "[".repeat(depth), "]".repeat(depth))
+}
+
+/// The answer's status and stable code (the body shown when they differ).
+fn assert_code(reply: &Reply, status: StatusCode, code: &str) {
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (status, Some(code)),
+        "{}",
+        reply.body
+    );
 }
 
 fn assert_invalid_naming(reply: &Reply, field: &str, context: &str) {
@@ -123,12 +125,7 @@ async fn a_lock_file_that_cannot_be_a_file_is_refused_as_a_path_never_run_locked
             Some(app.create_body()),
         )
         .await;
-    assert_eq!(
-        (reply.status, reply.body["code"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
-        "{}",
-        reply.body
-    );
+    assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
     assert!(!paths.manifest.exists(), "nothing written");
 }
 
@@ -387,12 +384,7 @@ async fn outputs_named_like_temporaries_or_too_long_for_their_companions_are_ref
         let reply = app
             .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
             .await;
-        assert_eq!(
-            (reply.status, reply.body["code"].as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
-            "{}",
-            reply.body
-        );
+        assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
     }
     assert!(!app.root.join("deep").exists(), "no directory was made");
     assert!(!app.root.join("exp").exists(), "nothing was written");
@@ -472,12 +464,7 @@ async fn replacing_a_run_a_collector_holds_is_refused_naming_the_holder() {
     let reply = app
         .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
         .await;
-    assert_eq!(
-        (reply.status, reply.body["code"].as_str()),
-        (StatusCode::LOCKED, Some("run_locked")),
-        "{}",
-        reply.body
-    );
+    assert_code(&reply, StatusCode::LOCKED, "run_locked");
     assert_eq!(reply.body["details"]["holder"]["holder"], "collector-a");
     let still = app
         .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
@@ -586,12 +573,7 @@ async fn long_components_and_companions_that_are_directories_are_refused_before_
         let reply = app
             .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
             .await;
-        assert_eq!(
-            (reply.status, reply.body["code"].as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
-            "{}",
-            reply.body
-        );
+        assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
         assert!(!written.exists(), "nothing written: {}", written.display());
     }
     let run_id = app.create().await;
@@ -626,12 +608,7 @@ async fn references_that_repeat_references_are_refused_at_a_size_no_configuratio
     let reply = app
         .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
         .await;
-    assert_eq!(
-        (reply.status, reply.body["code"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("identity_error")),
-        "{}",
-        reply.body
-    );
+    assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "identity_error");
     assert!(
         reply.body["message"]
             .as_str()
