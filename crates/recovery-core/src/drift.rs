@@ -2,9 +2,11 @@
 //! and whether each is semantic (refuses a resume) or operational (resumes with a journal line).
 //!
 //! Invariants: a list compares as one value; a key present on one side only counts; values
-//! compare with Python's `==` (so `1 == 1.0` and `True == 1`: representation changes are not
-//! drift); the classifier's word lists are data ([`DriftPolicy`]) applied in the order of
-//! decisions §5, and a key no rule classifies is semantic (an unknown change refuses).
+//! compare type-exactly, as their canonical JSON forms do (`1` and `1.0` differ, so do `true`
+//! and `1`: whatever changes the digest names a key, decisions §5); the classifier's word lists
+//! are data ([`DriftPolicy`]) applied in the order of decisions §5, and a key no rule classifies
+//! is semantic (an unknown change refuses). [`python_equal`] is Python's `==`, kept for
+//! comparing documents the way pydantic round trips do, never for drift.
 
 use regex::Regex;
 use serde_json::Value;

@@ -7,8 +7,9 @@
 //! OmegaConf quirks kept: an `oc.env` default is converted with Python's `str()` (`true` becomes
 //! `"True"`, `1e3` becomes `"1000.0"`, `null` stays null, quotes are stripped); template pieces
 //! are converted with `str()` (`None`, `True`, float `repr`); only strings containing `${` are
-//! parsed at all. Anything else (another resolver, a nested interpolation inside resolver
-//! arguments, a cycle, a missing key or variable) is an [`InterpolationError`] naming the key.
+//! parsed at all. Resolver arguments follow OmegaConf's grammar (quoted strings, nested
+//! interpolations). Anything else (another resolver, a cycle, a missing key or variable) is an
+//! [`InterpolationError`] naming the key.
 
 use crate::canonical::python_float_repr;
 use regex::Regex;

@@ -9,7 +9,8 @@
 //! 4. reachable servers selected from the rows and resolved (OmegaConf subset) with the root as
 //!    context, a selected block swapped for its filtered form; unused servers never resolved;
 //! 5. collection part and `token_id_capture` (without `dir`) resolved;
-//! 6. current form only: null settings whose default is null dropped.
+//! 6. current form only: null settings whose default is null dropped, then credentials redacted
+//!    once more (an interpolation may have brought one in from a non-credential-named key).
 //!
 //! The legacy form (no redaction, no null-default removal) is what pre-0.5.0 Gyms digested; it is
 //! only ever computed in memory to recognise such runs, never stored or logged.

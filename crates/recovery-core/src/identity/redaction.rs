@@ -3,7 +3,9 @@
 //!
 //! Invariants: redaction runs on the raw tree before any interpolation is resolved, so a
 //! credential is never read from the environment; it is idempotent; structure outside the
-//! redacted values is untouched; normalisation keeps the reference name and surrounding text.
+//! redacted values is untouched (a URL keeps its user, host, path and query; a string keeps the
+//! text around a redacted interpolation); normalisation keeps the reference name and surrounding
+//! text.
 
 use super::tables::{
     ASSIGNMENT, CONFIG_REFERENCE, CREDENTIAL_NAME, ENV_REFERENCE, HTTP_CREDENTIAL, REDACTED,
@@ -69,6 +71,9 @@ pub fn redact_string(s: &str) -> String {
             }
         })
         .into_owned();
+    if text.contains("${oc.env:") {
+        text = redact_unusual_env_references(&text);
+    }
     text = CONFIG_REFERENCE_RE
         .replace_all(&text, |c: &Captures| {
             let last = c[1].rsplit('.').next().unwrap_or_default();
@@ -92,24 +97,104 @@ pub fn redact_string(s: &str) -> String {
         .into_owned()
 }
 
-/// A URL with its password (see [`URL_PASSWORD`]) redacted: `scheme://user:<redacted>@host...`.
+/// `${oc.env:...}` forms that Python's `_ENV_REFERENCE` does not see but OmegaConf resolves: a
+/// quoted name (`${oc.env:'API_KEY'}`), a name computed by an interpolation (`${oc.env:${x}}`)
+/// and a default holding one (`${oc.env:API_KEY,${x}}`). A credential-named or computed name
+/// makes the whole occurrence `<redacted>`, so the variable is never read and never persisted.
+/// The plain forms were handled by the Python-exact pattern before, so digests of ordinary
+/// configurations stay byte-identical with Python's.
+fn redact_unusual_env_references(text: &str) -> String {
+    const OPEN: &str = "${oc.env:";
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find(OPEN) {
+        out.push_str(&rest[..start]);
+        let body = &rest[start + OPEN.len()..];
+        let Some(end) = closing_brace(body) else {
+            // Unbalanced: the resolver refuses it; nothing here to read from the environment.
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        let name = first_argument(&body[..end]);
+        if name.contains("${") || is_credential_name(name) {
+            out.push_str(REDACTED);
+        } else {
+            out.push_str(&rest[start..start + OPEN.len() + end + 1]);
+        }
+        rest = &body[end + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The index of the `}` closing an interpolation whose body starts `body` (nested `${...}` and
+/// braces inside quotes counted as OmegaConf's grammar does for balanced input).
+fn closing_brace(body: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    for (i, c) in body.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '{') => depth += 1,
+            (None, '}') if depth == 0 => return Some(i),
+            (None, '}') => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The first resolver argument of an interpolation body, trimmed and unquoted.
+fn first_argument(args: &str) -> &str {
+    let mut depth = 0usize;
+    let mut end = args.len();
+    for (i, c) in args.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                end = i;
+                break;
+            }
+            _ => {}
+        }
+    }
+    let name = args[..end].trim();
+    name.strip_prefix('\'')
+        .and_then(|n| n.strip_suffix('\''))
+        .or_else(|| name.strip_prefix('"').and_then(|n| n.strip_suffix('"')))
+        .map_or(name, str::trim)
+}
+
+/// A URL with its password redacted: `scheme://user:<redacted>@host...`, the host, path and
+/// query kept. The user information ends at the last `@` before the query or fragment, so a
+/// password holding `@` or `/` (`postgres://u:p@ss/word@h`) is hidden whole; `host:port/path@x`
+/// (digits after the colon, then a path) is a path holding `@`, not a password.
 fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(first_at) = authority.find('@') else {
+    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    let Some(at) = before_query.rfind('@') else {
         return url.to_owned();
     };
-    let Some(colon) = authority[..first_at].find(':') else {
+    let user_info = &before_query[..at];
+    let Some(colon) = user_info.find(':') else {
         return url.to_owned();
     };
-    let last_at = rest.rfind('@').unwrap_or(first_at);
+    if let Some(slash) = user_info.find('/') {
+        let port = &user_info[colon + 1..slash.max(colon + 1)];
+        let is_port = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
+        if slash < colon || is_port {
+            return url.to_owned();
+        }
+    }
     format!(
         "{scheme}://{}:{REDACTED}@{}",
-        &rest[..colon],
-        &rest[last_at + 1..]
+        &user_info[..colon],
+        &rest[at + 1..]
     )
 }
 

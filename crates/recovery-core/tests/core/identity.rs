@@ -989,3 +989,129 @@ fn item_6_redaction_resolves_references_to_secrets_hides_whole_passwords_and_nee
     assert_eq!(with.config_digest, without.config_digest);
     assert!(!with.identity.to_string().contains("e2b-live-KEY"));
 }
+
+#[test]
+fn quoted_computed_and_defaulted_environment_credentials_are_redacted_and_never_read() {
+    // Forms OmegaConf resolves that Python's `_ENV_REFERENCE` pattern does not match.
+    let cases = [
+        ("quoted name", "${oc.env:'E2B_API_KEY'}"),
+        ("double-quoted name", "${oc.env:\"E2B_API_KEY\"}"),
+        ("spaced quoted name", "${oc.env: 'E2B_API_KEY' }"),
+        (
+            "a default holding an interpolation",
+            "${oc.env:E2B_API_KEY,${judge_name}}",
+        ),
+        ("a computed name", "${oc.env:${which_key}}"),
+        (
+            "text around a quoted name",
+            "Token ${oc.env:'E2B_API_KEY'} here",
+        ),
+    ];
+    for (name, reference) in cases {
+        let global = set(
+            set(base_global(), "which_key", json!("E2B_API_KEY")),
+            &format!("{JUDGE}.e2b"),
+            json!(reference),
+        );
+        let global = set(global, "judge_name", json!("judge"));
+        let without = compute(&base_config(), &global, &base_rows(), &json!({}))
+            .unwrap_or_else(|e| panic!("{name}: no secret needed, got {e}"));
+        let with = compute(
+            &base_config(),
+            &global,
+            &base_rows(),
+            &json!({"E2B_API_KEY": "e2b-live-KEY"}),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(with.config_digest, without.config_digest, "{name}");
+        let text = with.identity.to_string();
+        assert!(!text.contains("e2b-live-KEY"), "{name}: leaked into {text}");
+        assert!(text.contains("<redacted>"), "{name}: {text}");
+    }
+}
+
+#[test]
+fn a_non_credential_environment_reference_is_still_resolved() {
+    let global = set(
+        base_global(),
+        &format!("{JUDGE}.review_prompt"),
+        json!("${oc.env:'NG_REVIEW_PROMPT'}"),
+    );
+    let first = compute(
+        &base_config(),
+        &global,
+        &base_rows(),
+        &json!({"NG_REVIEW_PROMPT": "v1"}),
+    )
+    .expect("identity");
+    let second = compute(
+        &base_config(),
+        &global,
+        &base_rows(),
+        &json!({"NG_REVIEW_PROMPT": "v2"}),
+    )
+    .expect("identity");
+    assert_ne!(first.config_digest, second.config_digest);
+}
+
+#[test]
+fn url_passwords_are_hidden_whole_and_everything_else_kept() {
+    use recovery_core::identity::redaction::redact_string;
+    let cases = [
+        ("plain", "https://u:pw@h/x", "https://u:<redacted>@h/x"),
+        (
+            "an @ in the password",
+            "postgres://u:p@ss@h:5432/db",
+            "postgres://u:<redacted>@h:5432/db",
+        ),
+        (
+            "a / in the password",
+            "postgres://u:pa/ss@h",
+            "postgres://u:<redacted>@h",
+        ),
+        (
+            "both",
+            "postgres://u:p@ss/word@h",
+            "postgres://u:<redacted>@h",
+        ),
+        (
+            "an @ in the query",
+            "https://u:p@h/x?e=a@b",
+            "https://u:<redacted>@h/x?e=a@b",
+        ),
+        (
+            "an @ in the fragment",
+            "https://u:p@h/x#a@b",
+            "https://u:<redacted>@h/x#a@b",
+        ),
+        (
+            "no password, an @ in the query",
+            "https://host:8080/p?u=a@b",
+            "https://host:8080/p?u=a@b",
+        ),
+        (
+            "no password, an @ in the path after a port",
+            "https://registry:443/@scope/pkg",
+            "https://registry:443/@scope/pkg",
+        ),
+        (
+            "no password, a colon in the path",
+            "https://h/a:b@c",
+            "https://h/a:b@c",
+        ),
+        (
+            "a user without a password",
+            "ssh://git@h/repo",
+            "ssh://git@h/repo",
+        ),
+        (
+            "two URLs",
+            "a https://u:x@h b s3://k:y/z@bucket/p",
+            "a https://u:<redacted>@h b s3://k:<redacted>@bucket/p",
+        ),
+    ];
+    for (name, input, expected) in cases {
+        assert_eq!(redact_string(input), expected, "{name}");
+        assert_eq!(redact_string(expected), expected, "{name}: idempotent");
+    }
+}
