@@ -350,7 +350,15 @@ impl DriftPolicy {
                 policy.semantic_keys.insert(key);
             }
         }
-        policy.operational_words.extend(operational_words);
+        for word in operational_words {
+            // A word holding `_` (`queue_depth`) can never be one `_`-separated word of a
+            // segment: it names a whole last segment, as `rate_limit` does.
+            if word.contains('_') {
+                policy.operational_last_segments.insert(word);
+            } else {
+                policy.operational_words.insert(word);
+            }
+        }
         policy.operational_keys.extend(operational_keys);
         policy
     }

@@ -12,7 +12,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use recovery_core::drift::DriftPolicy;
 use recovery_server::config::{ServerConfig, TokenEntry};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -97,23 +96,8 @@ struct ServeArgs {
     /// Default lease lifetime, in seconds.
     #[arg(long, env = "RR_LEASE_TTL_SECS", default_value_t = 60)]
     lease_ttl_secs: u64,
-    /// Extra semantic key segments for the drift classifier.
-    #[arg(long = "semantic-key", env = "RR_SEMANTIC_KEYS", value_delimiter = ',')]
-    semantic_keys: Vec<String>,
-    /// Extra operational words for the drift classifier.
-    #[arg(
-        long = "operational-word",
-        env = "RR_OPERATIONAL_WORDS",
-        value_delimiter = ','
-    )]
-    operational_words: Vec<String>,
-    /// Whole dotted keys declared operational.
-    #[arg(
-        long = "operational-key",
-        env = "RR_OPERATIONAL_KEYS",
-        value_delimiter = ','
-    )]
-    operational_keys: Vec<String>,
+    #[command(flatten)]
+    drift_policy: offline::DriftPolicyArgs,
     /// This replica's name (default: host-pid).
     #[arg(long, env = "RR_REPLICA")]
     replica: Option<String>,
@@ -176,11 +160,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None => env_max_attempts(),
     };
     config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs);
-    config.drift_policy = DriftPolicy::extended(
-        args.semantic_keys,
-        args.operational_words,
-        args.operational_keys,
-    );
+    config.drift_policy = args.drift_policy.policy();
     if let Some(replica) = args.replica {
         config.replica = replica;
     }

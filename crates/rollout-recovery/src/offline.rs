@@ -82,6 +82,41 @@ pub struct IdentityArgs {
     /// A saved identity file to compare against (prints the drift keys and their class).
     #[arg(long)]
     against: Option<PathBuf>,
+    #[command(flatten)]
+    policy: DriftPolicyArgs,
+}
+
+/// The operator's extensions of the drift classifier (decisions §5), read by `serve` and by the
+/// offline `validate` and `identity --against` alike, so both decide a key the same way.
+#[derive(Debug, Args)]
+pub struct DriftPolicyArgs {
+    /// Extra semantic key segments for the drift classifier (a dotted key: that whole key).
+    #[arg(long = "semantic-key", env = "RR_SEMANTIC_KEYS", value_delimiter = ',')]
+    pub semantic_keys: Vec<String>,
+    /// Extra operational words for the drift classifier (one holding `_`: a whole last segment).
+    #[arg(
+        long = "operational-word",
+        env = "RR_OPERATIONAL_WORDS",
+        value_delimiter = ','
+    )]
+    pub operational_words: Vec<String>,
+    /// Whole dotted keys declared operational.
+    #[arg(
+        long = "operational-key",
+        env = "RR_OPERATIONAL_KEYS",
+        value_delimiter = ','
+    )]
+    pub operational_keys: Vec<String>,
+}
+
+impl DriftPolicyArgs {
+    pub fn policy(self) -> DriftPolicy {
+        DriftPolicy::extended(
+            self.semantic_keys,
+            self.operational_words,
+            self.operational_keys,
+        )
+    }
 }
 
 pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
@@ -98,7 +133,7 @@ pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
             &std::fs::read(against)
                 .with_context(|| format!("cannot read {}", against.display()))?,
         )?;
-        let policy = DriftPolicy::default();
+        let policy = args.policy.policy();
         let keys = differing_keys(&saved, &identity.identity);
         let drift = policy.classify_all(&keys);
         report["against"] = json!({
@@ -125,6 +160,8 @@ pub struct ValidateArgs {
     bundle: PathBuf,
     #[arg(long)]
     allow_unsafe: bool,
+    #[command(flatten)]
+    policy: DriftPolicyArgs,
 }
 
 pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
@@ -151,7 +188,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
         &RunCaches::default(),
         &paths,
         &request,
-        &DriftPolicy::default(),
+        &args.policy.policy(),
     ) {
         Ok(decided) => decided.verdict,
         Err(e) => {

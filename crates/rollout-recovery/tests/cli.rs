@@ -722,6 +722,24 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         report["against"]["semantic"][0]["key"],
         "collection.responses_create_params.temperature"
     );
+    // The operator's policy reaches the offline tools as it reaches `serve` (one set of flags
+    // and variables): a key declared operational resumes offline too.
+    let declared = Command::new(BIN)
+        .args(["validate", "--output"])
+        .arg(&output)
+        .arg("--source")
+        .arg(&source)
+        .arg("--bundle")
+        .arg(&hotter)
+        .env(
+            "RR_OPERATIONAL_KEYS",
+            "collection.responses_create_params.temperature",
+        )
+        .output()
+        .expect("validate");
+    let text = String::from_utf8_lossy(&declared.stdout);
+    assert_eq!(declared.status.code(), Some(0), "{text}");
+    assert!(text.contains("resume_with_drift"), "{text}");
     let classify = Command::new(BIN)
         .arg("classify")
         .arg(&paths.output)

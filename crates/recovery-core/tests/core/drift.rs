@@ -146,6 +146,16 @@ fn operators_extend_the_lists_in_service_configuration() {
         policy.classify("collection.difficulty.timeout"),
         KeyClass::Semantic(SemanticReason::ListedKey(_))
     ));
+    let with_underscore = DriftPolicy::extended([], ["queue_depth".to_owned()], []);
+    assert_eq!(
+        with_underscore.classify("servers.a.responses_api_agents.a.queue_depth"),
+        KeyClass::Operational,
+        "an operational word holding _ names a whole last segment"
+    );
+    assert!(matches!(
+        with_underscore.classify("servers.a.responses_api_agents.a.queue_depth_max"),
+        KeyClass::Semantic(_)
+    ));
     let drift = policy.classify_all(&["b.timeout".into(), "a.limit".into(), "a.port".into()]);
     assert_eq!(drift.operational, vec!["a.port", "b.timeout"]);
     assert_eq!(drift.semantic.len(), 1);
