@@ -1804,6 +1804,12 @@ async fn plan(settings: &Settings, dir: &Path, report: &mut Report) -> BenchResu
         again.as_secs_f64(),
         truncate(&coverage_after.to_string(), 300)
     ));
+    match console_times(&service, settings, &run_id).await {
+        Ok(notes) => notes
+            .into_iter()
+            .for_each(|n| report.note(format!("{name}: {n}"))),
+        Err(e) => report.note(format!("{name}: console pages not timed: {e}")),
+    }
     let endpoint = format!("{}/runs/{run_id}/plan", service.url);
     let make: MakeRequest = Arc::new(move |client, _, _| client.get(&endpoint).bearer_auth(VIEWER));
     let load = Load::new(name, settings, settings.plan_conns).expect("\"coverage\"");
@@ -1811,4 +1817,72 @@ async fn plan(settings: &Settings, dir: &Path, report: &mut Report) -> BenchResu
     report.push(result);
     service.stop(report, name);
     Ok(())
+}
+
+/// The operators' console over the 100k-rollout run: signs in as a viewer and times the run page
+/// (its first page of the plan table and every state's count) and the runs page, each as time to the
+/// first byte (headers) and to the last, best of five after one warm-up.
+async fn console_times(
+    service: &Service,
+    settings: &Settings,
+    run_id: &str,
+) -> BenchResult<Vec<String>> {
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(settings.setup_timeout)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let login = http
+        .post(format!("{}/ui/login", service.url))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("token={VIEWER}"))
+        .send()
+        .await
+        .map_err(|e| format!("sign-in: {e}"))?;
+    let cookie = login
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("sign-in answered {} without a cookie", login.status()))?;
+    let mut notes = Vec::new();
+    for (what, path, expect) in [
+        ("console run page", format!("/ui/runs/{run_id}"), run_id),
+        ("console runs page", "/ui/".to_owned(), run_id),
+    ] {
+        let mut best: Option<(Duration, Duration, usize)> = None;
+        for round in 0..6 {
+            let began = Instant::now();
+            let answer = http
+                .get(format!("{}{path}", service.url))
+                .header(reqwest::header::COOKIE, &cookie)
+                .send()
+                .await
+                .map_err(|e| format!("{path}: {e}"))?;
+            let first_byte = began.elapsed();
+            let status = answer.status();
+            let body = answer.text().await.map_err(|e| format!("{path}: {e}"))?;
+            let last_byte = began.elapsed();
+            if !status.is_success() || !body.contains(expect) {
+                return Err(format!(
+                    "{path} answered {status}: {}",
+                    truncate(&body, 300)
+                ));
+            }
+            if round > 0 && best.is_none_or(|(t, _, _)| first_byte < t) {
+                best = Some((first_byte, last_byte, body.len()));
+            }
+        }
+        if let Some((first, last, bytes)) = best {
+            notes.push(format!(
+                "{what} {path}: first byte {:.1} ms, last byte {:.1} ms ({:.0} kB), best of 5 warm",
+                first.as_secs_f64() * 1e3,
+                last.as_secs_f64() * 1e3,
+                bytes as f64 / 1e3
+            ));
+        }
+    }
+    Ok(notes)
 }

@@ -348,6 +348,15 @@ pub fn configuration_identity(
     Ok(identity)
 }
 
+/// The JSON pointer of a dotted key (as [`crate::drift::differing_keys`] names them).
+fn key_pointer(key: &str) -> String {
+    key.split('.').fold(String::new(), |mut out, segment| {
+        out.push('/');
+        out.push_str(&segment.replace('~', "~0").replace('/', "~1"));
+        out
+    })
+}
+
 fn key_path(keys: &[&str]) -> Vec<Segment> {
     keys.iter().map(|k| Segment::Key((*k).to_owned())).collect()
 }
@@ -660,6 +669,46 @@ impl ConfigurationIdentity {
         self.accepted.extend(legacy_digest.iter().cloned());
         self.legacy_digest = legacy_digest;
         Ok(())
+    }
+
+    /// Whether an earlier form of this configuration could be `saved`, the identity saved beside
+    /// a manifest whose digest is `saved_digest` (when the current form is not). Every earlier
+    /// form differs from the current one only where [`add_earlier_forms`](Self::add_earlier_forms)
+    /// changes it: a removed null default (a key segment named in `REMOVED_NULL_DEFAULTS`), an
+    /// added collection setting (`ADDED_COLLECTION_DEFAULTS`), or a value the current form
+    /// redacted (it holds `<redacted>`). A verified saved identity that differs from the current
+    /// form in any other key is no earlier form, and they need not be computed: a resume across
+    /// drift (a changed port) then costs one identity, not every form. An unverified saved
+    /// identity (its digest is not `saved_digest`) proves nothing: `true`.
+    pub fn earlier_form_could_be(&self, saved: &Value, saved_digest: &str) -> bool {
+        if digest(saved).ok().as_deref() != Some(saved_digest) {
+            return true;
+        }
+        let changed_by_a_form = |key: &str| {
+            let named = key.split('.').any(|segment| {
+                REMOVED_NULL_DEFAULTS
+                    .iter()
+                    .any(|(_, names)| names.contains(&segment))
+                    || ADDED_COLLECTION_DEFAULTS
+                        .iter()
+                        .any(|(name, _)| *name == segment)
+            });
+            let pointer = key_pointer(key);
+            match (self.identity.pointer(&pointer), saved.pointer(&pointer)) {
+                // A key holding `.` cannot be found again from its dotted name: no proof.
+                (None, None) => true,
+                (current, saved) => {
+                    named
+                        || [current, saved]
+                            .into_iter()
+                            .flatten()
+                            .any(|v| v.to_string().contains(tables::REDACTED))
+                }
+            }
+        };
+        crate::drift::differing_keys(saved, &self.identity)
+            .iter()
+            .all(|key| changed_by_a_form(key))
     }
 
     /// `RunManifest.matches_config(saved_digest)`: whether a saved digest names this

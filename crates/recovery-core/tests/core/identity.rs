@@ -1115,3 +1115,88 @@ fn url_passwords_are_hidden_whole_and_everything_else_kept() {
         assert_eq!(redact_string(expected), expected, "{name}: idempotent");
     }
 }
+
+#[test]
+fn earlier_forms_are_skipped_only_when_none_could_be_the_saved_identity() {
+    let legacy = |global: &Value| {
+        configuration_identity(
+            ConfigBundle {
+                config: &base_config(),
+                global_config: global,
+                rows: &rows_of(&base_rows()),
+                environment: &BTreeMap::new(),
+            },
+            IdentityForm::Legacy,
+        )
+        .expect("legacy")
+    };
+    let with_secret = set(
+        base_global(),
+        &format!("{JUDGE}.judge_api_key_ref"),
+        json!("${policy_api_key}"),
+    );
+    let with_secret = set(
+        with_secret,
+        &format!("{JUDGE}.auth_token"),
+        json!("tok-live-9"),
+    );
+    let with_nulls = set(
+        with_secret.clone(),
+        &format!("{MODEL}.chat_template_kwargs"),
+        Value::Null,
+    );
+    let current = compute(&base_config(), &with_secret, &base_rows(), &json!({})).expect("current");
+    let mut grace = current.identity.clone();
+    grace["collection"]["dispatch_connect_grace_s"] = json!(60.0);
+    let mut moved_port = current.identity.clone();
+    moved_port["servers"]["math_resources"]["resources_servers"]["math_with_judge"]["judge_url"] =
+        json!("http://judge:1");
+    let mut hotter = current.identity.clone();
+    hotter["collection"]["responses_create_params"]["temperature"] = json!(0.9);
+    let mut hotter_with_grace = hotter.clone();
+    hotter_with_grace["collection"]["dispatch_connect_grace_s"] = json!(60.0);
+    // (what was saved, whether an earlier form of the current configuration is that identity)
+    let saved = [
+        (
+            "the legacy form, secrets in the clear",
+            legacy(&with_secret),
+            true,
+        ),
+        (
+            "the legacy form with a null default",
+            legacy(&with_nulls),
+            true,
+        ),
+        (
+            "a form before dispatch_connect_grace_s was recorded",
+            grace,
+            true,
+        ),
+        ("a changed key no form touches", moved_port, false),
+        ("a semantic change", hotter, false),
+        (
+            "a semantic change beside a form's key",
+            hotter_with_grace,
+            false,
+        ),
+    ];
+    for (name, saved, is_earlier_form) in saved {
+        let saved_digest = digest(&saved).expect("digest");
+        assert_eq!(
+            current.matches_config(&saved_digest),
+            is_earlier_form,
+            "{name}"
+        );
+        // Sound: whenever an earlier form names the saved digest, they are computed.
+        assert_eq!(
+            current.earlier_form_could_be(&saved, &saved_digest),
+            is_earlier_form,
+            "{name}"
+        );
+        // An identity file that is not the one the digest was taken of proves nothing.
+        assert!(
+            current.earlier_form_could_be(&saved, "0".repeat(64).as_str()),
+            "{name}"
+        );
+    }
+}
