@@ -98,7 +98,7 @@ fn main() {
     // What `GET /runs/{id}/plan` computes: the summary and the first page.
     let answer = |plan: &RunPlan<'_>| {
         let view = plan.view();
-        let summary = view.summary();
+        let summary = plan.summary();
         let (positions, _) = summary.positions(None, None, 1000);
         let page: Vec<_> = positions.into_iter().map(|p| view.entry(p)).collect();
         std::hint::black_box(page);

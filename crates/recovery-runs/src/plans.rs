@@ -186,6 +186,34 @@ struct Indexed {
     reservations: Reservations,
     /// The materialized inputs' digest (their content is what [`Self::inventory`] vouches for).
     materialized_digest: String,
+    /// The summary last computed over this index, and what it was computed under.
+    summary: SummaryCell,
+}
+
+/// The summary last computed over an index, and what it was computed under.
+type SummaryCell = Mutex<Option<(SummaryInputs, PlanSummary)>>;
+
+/// Everything a summary depends on besides the index's rows: while these are the same and the
+/// index read nothing more (its marks), the summary is the same, and is not counted again.
+#[derive(Debug, Clone)]
+struct SummaryInputs {
+    read_to: [u64; 2],
+    manifest: Arc<RunManifest>,
+    default_cap: u64,
+    extension: u64,
+    approvals: BTreeSet<ApprovalTriple>,
+}
+
+impl PartialEq for SummaryInputs {
+    fn eq(&self, other: &Self) -> bool {
+        // The manifest by identity: a manifest read again is another `Arc` (holding ours keeps
+        // its address from being reused).
+        self.read_to == other.read_to
+            && Arc::ptr_eq(&self.manifest, &other.manifest)
+            && self.default_cap == other.default_cap
+            && self.extension == other.extension
+            && self.approvals == other.approvals
+    }
 }
 
 impl Indexed {
@@ -241,6 +269,8 @@ pub struct RunPlan<'a> {
     reservations: &'a Reservations,
     budget: Budget,
     approvals: BTreeSet<ApprovalTriple>,
+    /// The index's summary cache and the inputs of this plan.
+    summary: Option<(&'a SummaryCell, SummaryInputs)>,
 }
 
 impl RunPlan<'_> {
@@ -254,9 +284,21 @@ impl RunPlan<'_> {
         )
     }
 
-    /// Counts, coverage and each state's rollouts.
+    /// Counts, coverage and each state's rollouts: counted once per state of the run's files,
+    /// manifest, cap and approvals (a repeated `GET /plan` or console page costs a copy).
     pub fn summary(&self) -> PlanSummary {
-        self.view().summary()
+        let Some((cell, inputs)) = &self.summary else {
+            return self.view().summary();
+        };
+        let mut cached = cell.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((at, summary)) = cached.as_ref()
+            && at == inputs
+        {
+            return summary.clone();
+        }
+        let summary = self.view().summary();
+        *cached = Some((inputs.clone(), summary.clone()));
+        summary
     }
 
     /// How many outcomes the index holds.
@@ -383,6 +425,13 @@ fn refresh<T>(
             build(paths, &manifest, policy_bytes, options, &measured)?
         }
     };
+    let inputs = SummaryInputs {
+        read_to: [indexed.marks[0].read.offset, indexed.marks[1].read.offset],
+        manifest: indexed.manifest.clone(),
+        default_cap,
+        extension,
+        approvals: approvals.clone(),
+    };
     let plan = RunPlan {
         manifest: &manifest,
         index: &indexed.index,
@@ -392,6 +441,7 @@ fn refresh<T>(
             extension,
         },
         approvals,
+        summary: Some((&indexed.summary, inputs)),
     };
     let result = work(&plan);
     slot.indexed = Some(indexed);
@@ -549,6 +599,7 @@ fn build(
             manifest: manifest.clone(),
             reservations,
             materialized_digest,
+            summary: Mutex::default(),
         },
         paths,
         measured,

@@ -1271,6 +1271,35 @@ async fn drift_writes(settings: &Settings, dir: &Path, report: &mut Report) -> B
              (timed-out requests may still have written theirs)"
         ));
     }
+    // Group commit at work: journal lines per write+fdatasync, from the service's counters.
+    if let Ok((200, text, _)) = call(
+        &client(),
+        &service.url,
+        reqwest::Method::GET,
+        "/metrics",
+        VIEWER,
+        None,
+        settings.setup_timeout,
+    )
+    .await
+    {
+        let counter = |name: &str| -> f64 {
+            String::from_utf8_lossy(&text)
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let (syncs, synced) = (
+            counter("rollout_recovery_journal_syncs_total"),
+            counter("rollout_recovery_journal_lines_total"),
+        );
+        report.note(format!(
+            "{name}: {synced:.0} journal lines in {syncs:.0} write+fdatasync calls = {:.1} lines per fdatasync",
+            synced / syncs.max(1.0)
+        ));
+    }
     service.stop(report, name);
     Ok(())
 }

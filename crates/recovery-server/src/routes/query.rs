@@ -340,7 +340,7 @@ pub async fn plan(
         .run(move |_| {
             let response = caches.plans.with_plan(&paths, cap, |plan| {
                 let view = plan.view();
-                let summary = view.summary();
+                let summary = plan.summary();
                 let (positions, more) = summary.positions(filter, after, limit);
                 let next_cursor = more
                     .then(|| positions.last().map(|p| p.to_string()))
