@@ -349,7 +349,29 @@ async fn operators_approve_and_revoke_in_the_console_viewers_only_look_and_forge
     );
     screenshot(&browser, "audit").await;
 
-    // A viewer sees the same run and no action at all.
+    // A viewer sees the same run and no action at all, while an unused approval exists (whose
+    // Revoke an operator sees on the same page).
+    let (status, approval) = call(
+        &reqwest::Client::new(),
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/approvals"),
+        OPERATOR,
+        Some(json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "approved again for the viewer's look"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{approval}");
+    browser
+        .goto(&format!("{}/ui/runs/{run_id}", server.url))
+        .await
+        .expect("run");
+    arrive(&browser, &format!("//h1[text()='Run {run_id}']")).await;
+    for action in ["Revoke", "Take over", "Extend", "Resubmit"] {
+        assert!(
+            buttons(&browser, action).await > 0,
+            "an operator has {action}"
+        );
+    }
     browser
         .goto(&format!("{}/ui/", server.url))
         .await
@@ -368,7 +390,7 @@ async fn operators_approve_and_revoke_in_the_console_viewers_only_look_and_forge
         .await
         .expect("run");
     let seen = page_text(&browser).await;
-    assert!(seen.contains("1 awaiting_approval"), "{seen}");
+    assert!(seen.contains("1 approved_rerun"), "{seen}");
     for action in ["Approve rerun", "Revoke", "Take over", "Extend", "Resubmit"] {
         assert_eq!(
             buttons(&browser, action).await,
