@@ -718,6 +718,12 @@ impl Registry {
         if paths.output.is_dir() {
             return refuse(format!("{} is a directory", paths.output.display()));
         }
+        if std::fs::symlink_metadata(&paths.output).is_ok_and(|m| !m.is_file()) {
+            return refuse(format!(
+                "{} is not a regular file (a FIFO, socket or device)",
+                paths.output.display()
+            ));
+        }
         if paths.output == source {
             return refuse("is the source dataset itself".into());
         }
@@ -731,7 +737,7 @@ impl Registry {
             .parent()
             .map(Path::to_owned)
             .unwrap_or_default();
-        if let Some(owner) = std::fs::read(&paths.manifest)
+        if let Some(owner) = recovery_sidecar::read_regular(&paths.manifest)
             .ok()
             .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
             && let Some(record) = self.store().get_run(&owner.run_id).await?
@@ -785,7 +791,7 @@ impl Registry {
             // wait for it to end) first.
             let manifest = paths.manifest.clone();
             let old = blocking(move || {
-                Ok(std::fs::read(&manifest)
+                Ok(recovery_sidecar::read_regular(&manifest)
                     .ok()
                     .and_then(|bytes| RunManifest::run_id_of(&bytes)))
             })
@@ -1077,7 +1083,7 @@ fn saved_run(caches: &RunCaches, paths: &SidecarPaths) -> (SavedRun, Option<Arc<
     let identity = caches
         .identities
         .get(&paths.identity, |path| {
-            std::fs::read(path)
+            recovery_sidecar::read_regular(path)
                 .map(|bytes| serde_json::from_slice::<Value>(&bytes).ok().map(Arc::new))
         })
         .ok()
@@ -1427,12 +1433,12 @@ fn move_aside(
 /// published the replacement stands; otherwise everything it wrote is removed and the old run's
 /// files are moved back. Either way the intent is removed. Returns whether it rolled back.
 pub fn recover_replacement(paths: &SidecarPaths) -> std::io::Result<Option<bool>> {
-    let intent: ReplaceIntent = match std::fs::read(&paths.replace_intent) {
+    let intent: ReplaceIntent = match recovery_sidecar::read_regular(&paths.replace_intent) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other)?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
-    let published = std::fs::read(&paths.manifest)
+    let published = recovery_sidecar::read_regular(&paths.manifest)
         .ok()
         .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
         .is_some_and(|m| m.run_id == intent.new_run_id);
@@ -1538,7 +1544,7 @@ fn prepare_rows(
         )));
     }
     let name = paths.materialized.display().to_string();
-    let file = std::fs::File::open(&paths.materialized)
+    let file = recovery_sidecar::open_regular(&paths.materialized)
         .map_err(|e| rows_invalid(format!("{name}: {e}")))?;
     let values = recovery_core::rows::read_materialized(file, &name)
         .map_err(|e| rows_invalid(e.to_string()))?;
@@ -1632,7 +1638,7 @@ fn publish_files(
         let rows = match (rows, kept) {
             (Some(text), _) => Some(text.to_vec()),
             // The replaced run's rows stay the new run's inputs.
-            (None, Some((_, aside))) => Some(std::fs::read(aside)?),
+            (None, Some((_, aside))) => Some(recovery_sidecar::read_regular(aside)?),
             (None, None) => None,
         };
         if let Some(rows) = rows {

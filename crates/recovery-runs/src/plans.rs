@@ -63,7 +63,7 @@ struct Measured {
 
 impl Measured {
     fn of(path: &Path) -> Result<Self, RunFilesError> {
-        match File::open(path) {
+        match recovery_sidecar::open_regular(path) {
             Ok(file) => {
                 let metadata = file.metadata().map_err(|e| io(path, e))?;
                 Ok(Self {
@@ -77,7 +77,7 @@ impl Measured {
                 identity: None,
                 size: 0,
             }),
-            Err(e) => Err(io(path, e)),
+            Err(e) => Err(unreadable_companion(path, e)),
         }
     }
 
@@ -105,6 +105,12 @@ impl Measured {
             Err(_) => Vec::new(),
         }
     }
+}
+
+/// A run's file that is there but cannot be opened as a regular file (a symbolic link, a FIFO,
+/// a directory, no permission): the run's files are invalid, and the message says why.
+fn unreadable_companion(path: &Path, source: std::io::Error) -> RunFilesError {
+    RunFilesError::Inconsistent(format!("{} cannot be read: {source}", path.display()))
 }
 
 fn io(path: &Path, source: std::io::Error) -> RunFilesError {
@@ -164,7 +170,7 @@ impl Inventory {
         if now == self.identity && !now.is_racy() {
             return true;
         }
-        File::open(path)
+        recovery_sidecar::open_regular(path)
             .and_then(|mut file| {
                 let mut hasher = Sha256::new();
                 std::io::copy(&mut file, &mut hasher)?;
@@ -396,10 +402,10 @@ fn refresh<T>(
     slot.manifest = Some(manifest.clone());
     let manifest = manifest.manifest;
 
-    let policy_bytes = match std::fs::read(&paths.classification_policy) {
+    let policy_bytes = match recovery_sidecar::read_regular(&paths.classification_policy) {
         Ok(bytes) => Some(bytes),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(io(&paths.classification_policy, e)),
+        Err(e) => return Err(unreadable_companion(&paths.classification_policy, e)),
     };
     let runfiles::BudgetInputs {
         extension,
@@ -463,7 +469,9 @@ pub fn legacy_manifest(paths: &SidecarPaths, run_id: &str) -> Result<RunManifest
     }
     let mut tagged = BTreeSet::new();
     for path in [&paths.failures, &paths.output] {
-        let Ok(file) = File::open(path) else { continue };
+        let Ok(file) = recovery_sidecar::open_regular(path) else {
+            continue;
+        };
         recovery_core::rows::scan_jsonl::<std::convert::Infallible>(
             file,
             &path.display().to_string(),
@@ -512,7 +520,7 @@ pub fn legacy_manifest(paths: &SidecarPaths, run_id: &str) -> Result<RunManifest
 }
 
 fn read_manifest(cached: Option<ReadManifest>, path: &Path) -> Result<ReadManifest, RunFilesError> {
-    let bytes = match std::fs::read(path) {
+    let bytes = match recovery_sidecar::read_regular(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(RunFilesError::NoManifest(format!(
@@ -573,7 +581,7 @@ fn build(
     runfiles::check_materialized_digest(manifest, &materialized_digest, paths)?;
     let identity = FileIdentity::of(&paths.materialized).map_err(|e| unreadable(&e))?;
     let mut reader = Hashing {
-        inner: File::open(&paths.materialized).map_err(|e| unreadable(&e))?,
+        inner: recovery_sidecar::open_regular(&paths.materialized).map_err(|e| unreadable(&e))?,
         hasher: Sha256::new(),
     };
     let rows = read_inventory(

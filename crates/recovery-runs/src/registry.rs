@@ -210,7 +210,7 @@ impl Registry {
                 std::fs::create_dir_all(parent)
                     .map_err(io(format!("creating {}", parent.display())))?;
             }
-            let value = match std::fs::read(&manifest_path)
+            let value = match recovery_sidecar::read_regular(&manifest_path)
                 .ok()
                 .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok())
             {
@@ -540,7 +540,7 @@ impl Registry {
                         continue;
                     };
                     let intent: Option<crate::operations::ReplaceIntent> =
-                        std::fs::read(entry.path())
+                        recovery_sidecar::read_regular(entry.path())
                             .ok()
                             .and_then(|b| serde_json::from_slice(&b).ok());
                     let output = intent.map_or_else(
@@ -725,7 +725,8 @@ impl Registry {
         let paths = SidecarPaths::for_output(&output);
         let read_path = manifest_path.to_owned();
         let bytes = blocking(move || {
-            std::fs::read(&read_path).map_err(io(format!("reading {}", read_path.display())))
+            recovery_sidecar::read_regular(&read_path)
+                .map_err(io(format!("reading {}", read_path.display())))
         })
         .await;
         let manifest = match bytes.map(|b| RunManifest::from_json_bytes(&b)) {
@@ -764,7 +765,7 @@ impl Registry {
         {
             let (check, id) = (original.clone(), manifest.run_id.clone());
             let still_there = blocking(move || {
-                Ok(std::fs::read(&check)
+                Ok(recovery_sidecar::read_regular(&check)
                     .ok()
                     .and_then(|bytes| RunManifest::run_id_of(&bytes))
                     .is_some_and(|other| other == id))

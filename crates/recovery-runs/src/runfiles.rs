@@ -36,7 +36,6 @@ use recovery_core::verdict::{SavedManifest, SavedRun};
 use recovery_sidecar::SidecarPaths;
 use serde_json::Value;
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::path::Path;
 
 fn threads() -> usize {
@@ -94,7 +93,8 @@ pub fn check_materialized_digest(
 
 /// The materialized digest of a JSONL file.
 pub fn digest_rows_file(path: &Path) -> Result<String, String> {
-    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file =
+        recovery_sidecar::open_regular(path).map_err(|e| format!("{}: {e}", path.display()))?;
     materialized_digest(file, threads())
         .map(|d| d.sha256)
         .map_err(|e| format!("{}: {e}", path.display()))
@@ -102,7 +102,8 @@ pub fn digest_rows_file(path: &Path) -> Result<String, String> {
 
 /// The server references of a materialized-inputs file.
 pub fn row_references(path: &Path) -> Result<RowReferences, String> {
-    let file = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file =
+        recovery_sidecar::open_regular(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut references = RowReferences::default();
     // The collector's reading of its rows (text mode, Python-blank lines skipped): the server
     // selection sees exactly the rows the digest was taken of.
@@ -116,7 +117,7 @@ pub fn row_references(path: &Path) -> Result<RowReferences, String> {
 
 /// The saved manifest, as `validate_resume` sees it.
 pub fn read_manifest(path: &Path) -> SavedManifest {
-    match std::fs::read(path) {
+    match recovery_sidecar::read_regular(path) {
         Ok(bytes) => match RunManifest::from_json_bytes(&bytes) {
             Ok(manifest) => SavedManifest::Read(Box::new(manifest)),
             Err(e) => SavedManifest::Unreadable(e.to_string()),
@@ -128,7 +129,7 @@ pub fn read_manifest(path: &Path) -> SavedManifest {
 
 /// Everything a resume is checked against.
 pub fn read_saved_run(paths: &SidecarPaths) -> SavedRun {
-    let identity = std::fs::read(&paths.identity)
+    let identity = recovery_sidecar::read_regular(&paths.identity)
         .ok()
         .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
     SavedRun {
@@ -142,7 +143,7 @@ pub fn read_saved_run(paths: &SidecarPaths) -> SavedRun {
 /// The run's saved classification policy, or the shared defaults for a standalone output; a
 /// malformed saved policy is an error, never replaced by defaults.
 pub fn classification_policy(paths: &SidecarPaths) -> Result<ClassificationPolicy, RunFilesError> {
-    match std::fs::read(&paths.classification_policy) {
+    match recovery_sidecar::read_regular(&paths.classification_policy) {
         Ok(bytes) => ClassificationPolicy::from_json(&bytes).map_err(|e| {
             RunFilesError::RowsInvalid(format!("{}: {e}", paths.classification_policy.display()))
         }),
@@ -169,22 +170,22 @@ pub struct BudgetInputs {
 /// resubmit offsets and the approvals (unreadable lines approve nothing).
 pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, RunFilesError> {
     let invalid = |e: journals::JournalError| RunFilesError::RowsInvalid(e.to_string());
-    let extension = match File::open(&paths.attempt_extension) {
-        Ok(file) => {
+    let extension = match optional_companion(&paths.attempt_extension)? {
+        Some(file) => {
             journals::attempt_extension(file, &paths.attempt_extension.display().to_string())
                 .map_err(invalid)?
         }
-        Err(_) => 0,
+        None => 0,
     };
-    let offset = |path: &std::path::Path| match File::open(path) {
-        Ok(file) => journals::resubmit_offset(file, &path.display().to_string()).map_err(invalid),
-        Err(_) => Ok(0),
+    let offset = |path: &std::path::Path| match optional_companion(path)? {
+        Some(file) => journals::resubmit_offset(file, &path.display().to_string()).map_err(invalid),
+        None => Ok(0),
     };
     let options = recovery_core::plan::IndexOptions {
         resubmit_offset: offset(&paths.resubmit_offset)?,
         resubmit_results_offset: offset(&paths.resubmit_results_offset)?,
     };
-    let approvals = File::open(&paths.rerun_masked)
+    let approvals = optional_companion(&paths.rerun_masked)?
         .map(journals::rerun_masked_approvals)
         .unwrap_or_default();
     Ok(BudgetInputs {
@@ -192,6 +193,20 @@ pub fn budget_inputs(paths: &SidecarPaths) -> Result<BudgetInputs, RunFilesError
         options,
         approvals,
     })
+}
+
+/// A companion a run may lack: `None` when absent; one that is there but cannot be read as a
+/// regular file (a symbolic link, a FIFO, a directory) makes the run's files invalid, never a
+/// silent default.
+fn optional_companion(path: &std::path::Path) -> Result<Option<std::fs::File>, RunFilesError> {
+    match recovery_sidecar::open_regular(path) {
+        Ok(file) => Ok(Some(file)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(RunFilesError::Inconsistent(format!(
+            "{} cannot be read: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// The resume plan of a run from its files, built from scratch (nothing cached).

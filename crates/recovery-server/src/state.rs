@@ -191,7 +191,7 @@ impl AppState {
         let owner = self
             .blocking(move || {
                 // Only the owner is read here (a large run's manifest is megabytes).
-                Ok(std::fs::read(&manifest)
+                Ok(recovery_sidecar::read_regular(&manifest)
                     .ok()
                     .and_then(|bytes| recovery_core::manifest::RunManifest::run_id_of(&bytes)))
             })

@@ -144,11 +144,7 @@ pub type LinesFrom = (Vec<(u64, Vec<u8>)>, u64);
 /// offset the next read starts at (after the last line returned; the read is complete when fewer
 /// than `max` lines came back). A missing file has none.
 pub fn read_lines_batch(path: &Path, start: u64, max: usize) -> std::io::Result<LinesFrom> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
+    let file = match crate::files::open_regular(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), start)),
         Err(e) => return Err(e),
@@ -173,11 +169,7 @@ pub fn read_lines_batch(path: &Path, start: u64, max: usize) -> std::io::Result<
 /// The complete lines that start at or after byte `start` (a line boundary: where an earlier
 /// read ended), with their offsets.
 pub fn read_lines_from(path: &Path, start: u64) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    {
+    let file = match crate::files::open_regular(path) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),

@@ -51,7 +51,10 @@ pub enum PathError {
     PathTooLong { path: PathBuf, max: usize },
     #[error("path {0:?} has a component longer than the {NAME_MAX}-byte file name limit")]
     ComponentTooLong(PathBuf),
-    #[error("output path {path:?}: its companion {companion:?} is a directory")]
+    #[error(
+        "output path {path:?}: its companion {companion:?} is not a regular file (a directory, \
+         FIFO, socket or device)"
+    )]
     CompanionIsDirectory { path: PathBuf, companion: PathBuf },
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
@@ -274,8 +277,11 @@ impl SidecarPaths {
             .max()
             .unwrap_or(0);
         // The output itself may be a directory (refused elsewhere as such); a companion that is
-        // one would fail midway through a create.
-        if let Some(companion) = self.all()[1..].iter().find(|p| p.is_dir()) {
+        // one would fail midway through a create, and a FIFO would hang its reader.
+        let not_a_file = |p: &&&Path| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_file() && !m.file_type().is_symlink())
+        };
+        if let Some(companion) = self.all()[1..].iter().find(not_a_file) {
             return Err(PathError::CompanionIsDirectory {
                 path: self.output.clone(),
                 companion: companion.to_path_buf(),

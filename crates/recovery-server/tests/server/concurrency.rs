@@ -1075,6 +1075,103 @@ async fn nothing_is_ever_written_through_a_symbolic_link_out_of_the_roots() {
 }
 
 #[tokio::test]
+async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let outside = tempfile::tempdir().expect("outside");
+    let secret_file = outside.path().join("service.env");
+    std::fs::write(
+        &secret_file,
+        "RR_TOKENS=operator:olga:TOPSECRET-0123456789\n",
+    )
+    .expect("secret");
+    let dir = app.root.join("exp");
+    let plan_path = format!("/runs/{run_id}/plan");
+    let plan = || app.call(Method::GET, &plan_path, Some(VIEWER), None);
+    for companion in [
+        "out_resubmit_offset",
+        "out_attempt_extension.jsonl",
+        "out_rerun_masked.jsonl",
+        "out_failures.jsonl",
+        "out_failure_classification.json",
+    ] {
+        let at = dir.join(companion);
+        let aside = dir.join(format!("{companion}.aside"));
+        let existed = std::fs::rename(&at, &aside).is_ok();
+        std::os::unix::fs::symlink(&secret_file, &at).expect("link");
+        let reply = plan().await;
+        let text = reply.body.to_string();
+        assert!(!text.contains("TOPSECRET"), "{companion}: {text}");
+        assert_ne!(
+            reply.status,
+            StatusCode::OK,
+            "{companion}: read through a link"
+        );
+        assert!(
+            text.contains("symbolic link"),
+            "{companion}: the refusal says why: {text}"
+        );
+        std::fs::remove_file(&at).expect("unlink");
+        // A FIFO in the same place is refused at once, never waited on.
+        let fifo = std::process::Command::new("mkfifo")
+            .arg(&at)
+            .status()
+            .expect("mkfifo");
+        assert!(fifo.success());
+        let reply = plan().await;
+        assert_ne!(reply.status, StatusCode::OK, "{companion}: {}", reply.body);
+        assert!(
+            reply.body.to_string().contains("not a regular file"),
+            "{companion}: {}",
+            reply.body
+        );
+        std::fs::remove_file(&at).expect("unlink");
+        if existed {
+            std::fs::rename(&aside, &at).expect("restore");
+        }
+    }
+    assert_eq!(
+        plan().await.status,
+        StatusCode::OK,
+        "the run is whole again"
+    );
+    // A FIFO as a new run's output or companion is refused before anything is written.
+    for (case, fifo_name, output) in [
+        ("an output", "fifo_out.jsonl", "fifo_out.jsonl"),
+        ("a failures sidecar", "g_failures.jsonl", "g.jsonl"),
+    ] {
+        let at = dir.join(fifo_name);
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(&at)
+                .status()
+                .expect("mkfifo")
+                .success()
+        );
+        let mut body = app.create_body();
+        body["output_path"] = json!(dir.join(output));
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{case}: {}",
+            reply.body
+        );
+        assert_eq!(reply.body["code"], "path_refused", "{case}");
+        let stem = output.trim_end_matches(".jsonl");
+        assert!(
+            !dir.join(format!("{stem}_manifest.json")).exists()
+                && !dir
+                    .join(format!("{stem}_materialized_inputs.jsonl"))
+                    .exists(),
+            "{case}: nothing written"
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_lease_whose_process_died_is_ended_not_reported_live() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
