@@ -101,6 +101,55 @@ pub fn openapi_value() -> serde_json::Value {
     doc
 }
 
+/// Without tokens the service answers anyone who reaches its loopback address, so it answers
+/// only requests that name a loopback host: a web page whose name was rebound to 127.0.0.1 (DNS
+/// rebinding) sends its own name as `Host` and is refused, never driving the API or the console.
+async fn loopback_host_only(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !state.config.tokens.is_empty() {
+        return next.run(request).await;
+    }
+    let host = request
+        .headers()
+        .get(axum::http::header::HOST)
+        .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    match host {
+        Some(host) if !names_loopback(host) => {
+            use axum::response::IntoResponse as _;
+            error::ApiError::new(
+                error::ErrorCode::Forbidden,
+                format!(
+                    "Host {host:?} is not a loopback name: without tokens this service answers \
+                     only requests to localhost, 127.0.0.1 or [::1]"
+                ),
+            )
+            .into_response()
+        }
+        _ => next.run(request).await,
+    }
+}
+
+/// Whether a `Host` header (with or without its port) names this machine's loopback.
+fn names_loopback(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, port)| {
+            if port.bytes().all(|b| b.is_ascii_digit()) {
+                name
+            } else {
+                host
+            }
+        }),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 async fn record_metrics(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
@@ -178,6 +227,10 @@ pub fn app(state: AppState) -> Router {
         .merge(ui::router())
         .fallback(error::fallback)
         .layer(middleware::from_fn(record_metrics))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            loopback_host_only,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .layer(RequestBodyLimitLayer::new(limit))
         .layer(TimeoutLayer::with_status_code(

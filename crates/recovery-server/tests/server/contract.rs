@@ -650,3 +650,70 @@ async fn a_copy_of_a_runs_folder_is_reported_and_never_moves_the_run() {
         run.body
     );
 }
+
+#[tokio::test]
+async fn without_tokens_only_requests_naming_a_loopback_host_are_answered() {
+    let app = TestApp::with(|config| config.tokens.clear()).await;
+    let cases = [
+        ("no Host header", None, true),
+        ("localhost with a port", Some("localhost:8787"), true),
+        ("LOCALHOST", Some("LOCALHOST"), true),
+        ("127.0.0.1", Some("127.0.0.1:8787"), true),
+        ("another loopback address", Some("127.1.2.3"), true),
+        ("IPv6 loopback", Some("[::1]:8787"), true),
+        ("a rebound name", Some("attacker.example:8787"), false),
+        (
+            "a rebound name without a port",
+            Some("attacker.example"),
+            false,
+        ),
+        ("a LAN address", Some("192.168.1.5:8787"), false),
+        (
+            "localhost as a subdomain",
+            Some("localhost.attacker.example"),
+            false,
+        ),
+    ];
+    for (case, host, answered) in cases {
+        for (method, uri, body) in [
+            (Method::GET, "/runs", None),
+            (Method::POST, "/runs", Some(app.create_body().to_string())),
+            (Method::GET, "/ui/", None),
+        ] {
+            let mut request = Request::builder().method(method.clone()).uri(uri);
+            if let Some(host) = host {
+                request = request.header("host", host);
+            }
+            let request = match &body {
+                Some(body) => request
+                    .header("content-type", "application/json")
+                    .body(Body::from(body.clone())),
+                None => request.body(Body::empty()),
+            }
+            .expect("request");
+            let (status, _, bytes) = respond(app.state.clone(), request).await;
+            let reply = Reply::of(status, &bytes);
+            if answered {
+                assert_ne!(status, StatusCode::FORBIDDEN, "{case} {method} {uri}");
+            } else {
+                assert_eq!(status, StatusCode::FORBIDDEN, "{case} {method} {uri}");
+                assert_eq!(reply.body["code"], "forbidden", "{case}");
+                assert!(
+                    reply.body["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("loopback")),
+                    "{case}: {}",
+                    reply.body
+                );
+            }
+        }
+    }
+    let runs = app
+        .state
+        .registry
+        .store()
+        .list_runs(10, None)
+        .await
+        .expect("runs");
+    assert_eq!(runs.len(), 1, "only a loopback request created the run");
+}
