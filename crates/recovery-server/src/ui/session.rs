@@ -134,6 +134,17 @@ impl FromRequestParts<AppState> for Visitor {
         let Some(role) = Role::parse(&session.role) else {
             return Err(missing);
         };
+        // A session lasts only while the service still knows a token of that name and role: a
+        // token removed from the configuration (and the service restarted) signs its sessions
+        // out.
+        if !state
+            .config
+            .tokens
+            .iter()
+            .any(|token| token.name == session.name && token.role == role)
+        {
+            return Err(missing);
+        }
         Ok(Self {
             caller: Caller {
                 name: session.name,

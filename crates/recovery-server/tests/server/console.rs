@@ -415,3 +415,32 @@ async fn a_form_without_its_token_is_forbidden_a_takeover_needs_its_confirmation
         after.body
     );
 }
+
+#[tokio::test]
+async fn a_session_ends_when_its_token_leaves_the_configuration() {
+    let app = TestApp::new().await;
+    let cookie = sign_in(&app, OPERATOR).await;
+    let page = visit(&app, Method::GET, "/ui/", Some(&cookie), None, &[]).await;
+    assert_eq!(page.status, StatusCode::OK);
+    // The service restarts with alice's token removed: her session opens nothing any more.
+    let mut config = app.config.clone();
+    config.tokens.retain(|token| token.name != "alice");
+    let restarted = recovery_server::start(config, app.clock.clone())
+        .await
+        .expect("restart");
+    let page = visit_state(
+        restarted.clone(),
+        Method::GET,
+        "/ui/",
+        Some(&cookie),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    assert_eq!(page.headers["location"], "/ui/login");
+    // A viewer's session under the same restarted service still works.
+    let viewer = sign_in(&app, VIEWER).await;
+    let page = visit_state(restarted, Method::GET, "/ui/", Some(&viewer), None, &[]).await;
+    assert_eq!(page.status, StatusCode::OK);
+}
