@@ -53,8 +53,9 @@ pub struct CreateRunRequest {
     #[serde(default)]
     #[schema(value_type = Option<Vec<Object>>)]
     pub rows: Option<Vec<Value>>,
-    /// The run's attempt cap (default: the service's).
+    /// The run's attempt cap (default: the service's), 1 to 1,000,000.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_rollout_attempts: Option<u64>,
     #[serde(default)]
     pub retry_terminal_timeouts: bool,
@@ -115,10 +116,13 @@ pub async fn create_run(
     if request.replace {
         caller.require(Role::Operator)?;
     }
-    if request.max_rollout_attempts == Some(0) {
-        return Err(ApiError::invalid(
-            "max_rollout_attempts: must be at least 1",
-        ));
+    if request
+        .max_rollout_attempts
+        .is_some_and(|cap| !(1..=MAX_ROLLOUT_ATTEMPTS).contains(&cap))
+    {
+        return Err(ApiError::invalid(format!(
+            "max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"
+        )));
     }
     let paths = state
         .registry
@@ -459,6 +463,10 @@ pub async fn list_runs(
 }
 
 /// One run: its record, manifest, lease holder and caps.
+/// The largest attempt cap a run may be created with (a cap counts dispatches; extensions are
+/// added to it).
+const MAX_ROLLOUT_ATTEMPTS: u64 = 1_000_000;
+
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs", params(("run_id" = String, Path, description = "Run id")),
     responses((status = 200, body = RunView), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn get_run(
@@ -478,12 +486,23 @@ pub async fn get_run(
             Ok((manifest, extension))
         })
         .await?;
-    let (manifest_value, problem, saved_cap) = match manifest {
-        recovery_core::verdict::SavedManifest::Read(m) => {
-            (Some(m.to_value()), None, m.max_rollout_attempts)
+    let budget = recovery_core::plan::Budget {
+        default_cap: state.config.default_max_attempts,
+        extension: extension.unwrap_or(0),
+    };
+    let (manifest_value, problem, saved_cap, effective_cap) = match manifest {
+        recovery_core::verdict::SavedManifest::Read(m) => (
+            Some(m.to_value()),
+            None,
+            m.max_rollout_attempts,
+            Some(budget.cap(&m)),
+        ),
+        recovery_core::verdict::SavedManifest::Missing => {
+            (None, Some("missing".to_owned()), None, None)
         }
-        recovery_core::verdict::SavedManifest::Missing => (None, Some("missing".to_owned()), None),
-        recovery_core::verdict::SavedManifest::Unreadable(reason) => (None, Some(reason), None),
+        recovery_core::verdict::SavedManifest::Unreadable(reason) => {
+            (None, Some(reason), None, None)
+        }
     };
     let now = state.registry.clock().now_text();
     let lease = state
@@ -493,9 +512,6 @@ pub async fn get_run(
         .await?
         .filter(|l| l.expires_at > now)
         .map(|l| lease_holder(&l));
-    let effective_cap = manifest_value
-        .as_ref()
-        .map(|_| saved_cap.unwrap_or(state.config.default_max_attempts) + extension.unwrap_or(0));
     Ok(Json(RunView {
         run,
         manifest: manifest_value,

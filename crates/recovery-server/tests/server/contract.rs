@@ -717,3 +717,44 @@ async fn without_tokens_only_requests_naming_a_loopback_host_are_answered() {
         .expect("runs");
     assert_eq!(runs.len(), 1, "only a loopback request created the run");
 }
+
+#[tokio::test]
+async fn an_attempt_cap_outside_one_to_a_million_is_refused_naming_the_field() {
+    let app = TestApp::new().await;
+    for cap in [json!(0), json!(1_000_001), json!(u64::MAX)] {
+        let mut body = app.create_body();
+        body["max_rollout_attempts"] = cap.clone();
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{cap}");
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("max_rollout_attempts")),
+            "{cap}: {}",
+            reply.body
+        );
+        assert!(!app.output().exists() && !app.root.join("exp/out_manifest.json").exists());
+    }
+    let mut body = app.create_body();
+    body["max_rollout_attempts"] = json!(1_000_000);
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    let run_id = reply.body["run_id"].as_str().expect("id").to_owned();
+    let extended = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/extend"),
+            Some(OPERATOR),
+            Some(json!({"extend_attempts": 100, "reason": "more room"})),
+        )
+        .await;
+    assert_eq!(extended.status, StatusCode::CREATED, "{}", extended.body);
+    let run = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(run.body["effective_cap"], 1_000_100, "{}", run.body);
+}
