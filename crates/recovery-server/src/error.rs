@@ -505,6 +505,14 @@ pub fn parse_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8]) -> ApiR
     // lifted: a body nests up to the 512 levels a digest takes, on every endpoint.
     recovery_core::canonical::check_depth(body)
         .map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+    // Every body is an object: serde would also read a struct from a positional array.
+    if body
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|first| *first != b'{')
+    {
+        return Err(ApiError::invalid("body: must be a JSON object"));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     deserializer.disable_recursion_limit();
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {

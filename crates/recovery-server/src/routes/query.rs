@@ -1,7 +1,9 @@
 //! Read models for dashboards and tools: drift history, classification, the resume plan.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiJsonBytes, ApiQuery, ApiResult, SerializedJson};
+use crate::error::{
+    ApiError, ApiErrorBody, ApiJsonBytes, ApiQuery, ApiResult, ErrorCode, SerializedJson,
+};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
@@ -215,9 +217,16 @@ fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<R
     })
 }
 
-/// Classify rows: what every predicate says of each, and what resume does with it.
+/// The largest classify batch: its answer is many times its size (every predicate of every
+/// row), so a batch is bounded well below the body limit; larger files go through the offline
+/// `classify` command, which streams.
+pub const CLASSIFY_BODY_BYTES: usize = 8 << 20;
+
+/// Classify rows (a batch of at most 8 MiB): what every predicate says of each, and what resume
+/// does with it.
 #[utoipa::path(post, path = "/classify", tag = "classification", request_body = ClassifyRequest,
     responses((status = 200, body = ClassifyResponse), (status = 422, body = ApiErrorBody),
+        (status = 413, description = "a batch over 8 MiB", body = ApiErrorBody),
         (status = 503, description = "overloaded: retry after Retry-After", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn classify(
     State(state): State<AppState>,
@@ -225,6 +234,16 @@ pub async fn classify(
     ApiJsonBytes(body): ApiJsonBytes,
 ) -> ApiResult<SerializedJson> {
     caller.require(Role::Viewer)?;
+    if body.len() > CLASSIFY_BODY_BYTES {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "body: a classify batch is at most {CLASSIFY_BODY_BYTES} bytes, this one is {}; \
+                 send smaller batches or use the offline `classify` command",
+                body.len()
+            ),
+        ));
+    }
     state
         .heavy
         .run(move |cancel| {

@@ -758,3 +758,51 @@ async fn an_attempt_cap_outside_one_to_a_million_is_refused_naming_the_field() {
         .await;
     assert_eq!(run.body["effective_cap"], 1_000_100, "{}", run.body);
 }
+
+#[tokio::test]
+async fn bodies_are_objects_and_a_classify_batch_is_bounded() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    // serde reads a struct from a positional array too; the API takes objects only.
+    let reply = app
+        .call_raw(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(r#"["h1", "host", 1, 5, null]"#.into()),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+    assert_eq!(reply.body["message"], "body: must be a JSON object");
+    let row = r#"{"_ng_task_index":0,"_ng_rollout_index":0,"reward":1.0,"response":{"output":[],"status":"completed"}}"#;
+    let rows = vec![row; (9 << 20) / row.len()].join(",");
+    let reply = app
+        .call_raw(
+            Method::POST,
+            "/classify",
+            Some(VIEWER),
+            Some(format!(r#"{{"rows":[{rows}]}}"#)),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        reply.body
+    );
+    assert_eq!(reply.body["code"], "payload_too_large");
+    let small = app
+        .call_raw(
+            Method::POST,
+            "/classify",
+            Some(VIEWER),
+            Some(format!(r#"{{"rows":[{row}]}}"#)),
+        )
+        .await;
+    assert_eq!(small.status, StatusCode::OK, "{}", small.body);
+}
