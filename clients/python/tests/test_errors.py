@@ -310,14 +310,15 @@ def test_request_timeout(limits_service: Service) -> None:
 
 def test_internal(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:
     spec = new_run()
-    lock = spec.companion("_run.lock")
-    lock.unlink()
-    # A socket where the run's lock file belongs cannot be opened (ENXIO): the service's own
-    # failure, never a lock to wait for.
+    checkpoints = spec.output.parent / "checkpoints"
+    checkpoints.mkdir()
+    # A socket where the checkpoint directory's lock file belongs cannot be opened (ENXIO): the
+    # service's own failure, never a lock to wait for. (One beside the output is refused as a
+    # path before anything is opened.)
     holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    holder.bind(str(lock))
+    holder.bind(str(checkpoints / ".collector.lock"))
     with pytest.raises(InternalError) as caught:
-        client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+        client.acquire_lease(spec.run_id, "c", ttl_seconds=30, checkpoint_dir=checkpoints)
     _assert_error(caught.value, "internal", 500)
     holder.close()
 

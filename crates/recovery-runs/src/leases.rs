@@ -183,6 +183,7 @@ impl Leases {
                     if let Some(entry) = self.held().get_mut(&request.run_id) {
                         entry.lease_id = lease.lease_id.clone();
                     }
+                    self.record_locks(request, &lease).await?;
                     Ok(lease)
                 }
             };
@@ -207,7 +208,89 @@ impl Leases {
                 lock: Arc::new(lock),
             },
         );
+        self.record_locks(request, &lease).await?;
         Ok(lease)
+    }
+
+    /// Records which lock files a granted lease holds, so a restarted service takes them again.
+    async fn record_locks(&self, request: &LeaseRequest, lease: &Lease) -> Result<(), LeaseError> {
+        let paths: Vec<String> = request
+            .lock_paths
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        Ok(self
+            .store
+            .record_lease_locks(&request.run_id, &lease.lease_id, &paths)
+            .await?)
+    }
+
+    /// Takes again the locks of every live lease whose locks nobody holds: those this service
+    /// held before it stopped (a restart, a crash, a kill) or a replica that stopped held. The
+    /// collector holding the lease keeps it, renews it here, and no other collector gets the
+    /// run meanwhile. A lease whose locks another process took in between (a collector that
+    /// did not wait) is left as it is: its holder learns it at its next renewal. Returns the
+    /// leases taken again.
+    pub async fn adopt_live(&self) -> Result<Vec<Lease>, LeaseError> {
+        let mut adopted = Vec::new();
+        for lease in self.store.live_leases(&self.clock.now_text()).await? {
+            if self.held_entry(&lease.run_id).is_some() {
+                continue;
+            }
+            let paths: Vec<PathBuf> = self
+                .store
+                .lease_locks(&lease.run_id, &lease.lease_id)
+                .await?
+                .into_iter()
+                .map(PathBuf::from)
+                .collect();
+            // The run's own lock sorts first in the request, but not necessarily by name.
+            let Some(run_lock) = paths
+                .iter()
+                .find(|p| p.to_string_lossy().ends_with("_run.lock"))
+                .cloned()
+            else {
+                continue;
+            };
+            let _run = self.local.lock(&run_lock).await;
+            let taking = paths.clone();
+            let lock = match tokio::task::spawn_blocking(move || RunLock::acquire(taking))
+                .await
+                .map_err(|e| LeaseError::Join(e.to_string()))?
+            {
+                Ok(lock) => lock,
+                Err(LockError::Owned(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(run_id = %lease.run_id, error = %e, "a live lease's locks could not be taken again");
+                    continue;
+                }
+            };
+            let now = self.clock.now_text();
+            if !self
+                .store
+                .adopt_lease(&lease.run_id, &lease.lease_id, &self.replica, &now)
+                .await?
+            {
+                continue;
+            }
+            self.held().insert(
+                lease.run_id.clone(),
+                Held {
+                    lease_id: lease.lease_id.clone(),
+                    run_lock,
+                    lock: Arc::new(lock),
+                },
+            );
+            self.audit(
+                "system",
+                "lease.adopted",
+                &lease.run_id,
+                serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "previous_replica": lease.replica, "expires_at": lease.expires_at}),
+            )
+            .await?;
+            adopted.push(lease);
+        }
+        Ok(adopted)
     }
 
     /// Renews a live lease for another TTL.
@@ -351,6 +434,7 @@ impl Leases {
         if let Some(entry) = self.held().get_mut(&request.run_id) {
             entry.lease_id = lease.lease_id.clone();
         }
+        self.record_locks(request, &lease).await?;
         self.audit(
             actor,
             "lease.takeover",
@@ -365,7 +449,12 @@ impl Leases {
         Ok((lease, previous))
     }
 
-    /// Releases every lease this process holds (graceful shutdown).
+    /// How many leases this process holds.
+    pub fn held_count(&self) -> usize {
+        self.held().len()
+    }
+
+    /// Releases every lease this process holds.
     pub async fn release_all(&self) -> Result<usize, LeaseError> {
         let drained: Vec<(String, Held)> = self.held().drain().collect();
         for (run_id, entry) in &drained {

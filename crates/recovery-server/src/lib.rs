@@ -3,7 +3,7 @@
 //!
 //! - [`app`]: the router (tests drive it in process with `oneshot`).
 //! - [`start`]: connect the store, reindex the sidecars, and build the state.
-//! - [`serve`]: listen until shutdown, then release every lease.
+//! - [`serve`]: listen until shutdown; live leases are kept, and taken again by the next start.
 //! - [`openapi`]: the OpenAPI document (committed at `openapi/openapi.json`).
 
 pub mod api_doc;
@@ -325,6 +325,16 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         tracing::warn!(path, reason, "unreadable sidecar left as it is");
     }
     let leases = registry.leases().clone();
+    // Live leases survive a restart: their collectors keep the runs they were granted.
+    // (Never fatal: a service that cannot take them serves anyway, as if they had been lost.)
+    match leases.adopt_live().await {
+        Ok(adopted) => {
+            for lease in adopted {
+                tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expires_at = %lease.expires_at, "a live lease's locks taken again");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "live leases could not be taken again"),
+    }
     Ok(AppState {
         config: Arc::new(config),
         registry,
@@ -360,9 +370,15 @@ pub async fn serve(
         .with_graceful_shutdown(shutdown)
         .await;
     sweeper.abort();
-    match state.leases.release_all().await {
-        Ok(count) => tracing::info!(released = count, "leases released at shutdown"),
-        Err(e) => tracing::warn!(error = %e, "releasing leases at shutdown failed"),
+    // Live leases are kept: their locks are released with this process and taken again by the
+    // next start (a restart is invisible to their collectors); a lease whose collector is gone
+    // expires after its TTL as it would have.
+    let kept = state.leases.held_count();
+    if kept > 0 {
+        tracing::info!(
+            kept,
+            "live leases kept for the next start; their locks are released with this process"
+        );
     }
     state.registry.store().close().await;
     result

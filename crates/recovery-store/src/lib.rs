@@ -1109,6 +1109,85 @@ impl Store {
         Ok(previous)
     }
 
+    /// Records the lock files a lease holds (see [`Self::lease_locks`]).
+    pub async fn record_lease_locks(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+        lock_paths: &[String],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for path in lock_paths {
+            sqlx::query(
+                "INSERT INTO lease_locks (run_id, lease_id, lock_path) VALUES ($1, $2, $3) \
+                 ON CONFLICT (run_id, lease_id, lock_path) DO NOTHING",
+            )
+            .bind(run_id)
+            .bind(lease_id)
+            .bind(path)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The lock files a lease holds, in the order they were recorded.
+    pub async fn lease_locks(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT lock_path FROM lease_locks WHERE run_id = $1 AND lease_id = $2 ORDER BY lock_path",
+        )
+        .bind(run_id)
+        .bind(lease_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| Ok(row.try_get::<String, _>("lock_path")?))
+            .collect()
+    }
+
+    /// Every lease live at `now`, whichever replica granted it; lock records of leases that
+    /// ended are forgotten on the way.
+    pub async fn live_leases(&self, now: &str) -> Result<Vec<Lease>, StoreError> {
+        sqlx::query(
+            "DELETE FROM lease_locks WHERE NOT EXISTS (SELECT 1 FROM leases l \
+             WHERE l.run_id = lease_locks.run_id AND l.lease_id = lease_locks.lease_id)",
+        )
+        .execute(&self.pool)
+        .await?;
+        let sql = format!(
+            "SELECT {} FROM leases WHERE expires_at > $1",
+            Self::LEASE_COLUMNS
+        );
+        let rows = sqlx::query(&sql).bind(now).fetch_all(&self.pool).await?;
+        rows.iter().map(Self::lease_from_row).collect()
+    }
+
+    /// Makes `replica` the holder of a live lease's locks (it took them again after the
+    /// replica that held them stopped); `false` when the lease ended meanwhile.
+    pub async fn adopt_lease(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+        replica: &str,
+        now: &str,
+    ) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE leases SET replica = $1 WHERE run_id = $2 AND lease_id = $3 AND expires_at > $4",
+        )
+        .bind(replica)
+        .bind(run_id)
+        .bind(lease_id)
+        .bind(now)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Leases a replica holds that expired at `now` (the sweeper releases their locks).
     pub async fn expired_leases(&self, replica: &str, now: &str) -> Result<Vec<Lease>, StoreError> {
         let sql = format!(

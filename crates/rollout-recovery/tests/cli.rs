@@ -414,14 +414,14 @@ async fn serve_binds_a_host_name_and_logs_without_colours_to_a_file() {
 }
 
 #[tokio::test]
-async fn graceful_shutdown_releases_leases_and_run_locks() {
+async fn a_restart_keeps_live_leases_and_their_locks_whether_stopped_or_killed() {
     let dir = tempfile::tempdir().expect("dir");
     let (data, root, _) = prepare(dir.path());
     let server = Server::start(&data, &root);
     let client = reqwest::Client::new();
     let root = std::fs::canonicalize(&root).expect("root");
     let run_id = create_run(&client, &server, &root, &root.join("exp/out.jsonl")).await;
-    let (status, _) = call(
+    let (status, granted) = call(
         &client,
         &server,
         reqwest::Method::POST,
@@ -430,7 +430,8 @@ async fn graceful_shutdown_releases_leases_and_run_locks() {
         Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 3600})),
     )
     .await;
-    assert_eq!(status, 201);
+    assert_eq!(status, 201, "{granted}");
+    let lease_id = granted["lease_id"].as_str().expect("lease id").to_owned();
     let lock = root.join("exp/out_run.lock");
     assert_eq!(probe(&lock), "blocked", "the live lease holds the run lock");
     let status = server.terminate();
@@ -438,22 +439,69 @@ async fn graceful_shutdown_releases_leases_and_run_locks() {
         status.success(),
         "SIGTERM stops the service cleanly: {status:?}"
     );
-    assert_eq!(probe(&lock), "acquired", "the lock is free after shutdown");
-    let restarted = Server::start(&data, dir.path().join("runs").as_path());
-    let (_, holder) = call(
+    assert_eq!(
+        probe(&lock),
+        "acquired",
+        "the lock is free while no service runs"
+    );
+    let mut server = Server::start(&data, &root);
+    for stop in ["a SIGTERM", "a SIGKILL"] {
+        // The restarted service holds the lock again for the lease's collector: another
+        // collector is refused, and the holder renews and keeps the run.
+        assert_eq!(
+            probe(&lock),
+            "blocked",
+            "after {stop}: the lock is taken again"
+        );
+        let (status, holder) = call(
+            &client,
+            &server,
+            reqwest::Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            VIEWER,
+            None,
+        )
+        .await;
+        assert_eq!(
+            (status, &holder["holder"]["holder"]),
+            (200, &json!("c")),
+            "after {stop}: {holder}"
+        );
+        let (status, refused) = call(
+            &client,
+            &server,
+            reqwest::Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            COLLECTOR,
+            Some(json!({"holder": "intruder", "host": "h", "pid": 2, "ttl_seconds": 60})),
+        )
+        .await;
+        assert_eq!(status, 423, "after {stop}: {refused}");
+        let (status, renewed) = call(
+            &client,
+            &server,
+            reqwest::Method::POST,
+            &format!("/runs/{run_id}/lease/heartbeat"),
+            COLLECTOR,
+            Some(json!({"lease_id": lease_id, "ttl_seconds": 3600})),
+        )
+        .await;
+        assert_eq!(status, 200, "after {stop}: {renewed}");
+        // Then the service is killed outright, and started again.
+        drop(server);
+        server = Server::start(&data, &root);
+    }
+    let (status, _) = call(
         &client,
-        &restarted,
-        reqwest::Method::GET,
+        &server,
+        reqwest::Method::DELETE,
         &format!("/runs/{run_id}/lease"),
-        VIEWER,
-        None,
+        COLLECTOR,
+        Some(json!({"lease_id": lease_id})),
     )
     .await;
-    assert_eq!(
-        holder["holder"],
-        Value::Null,
-        "shutdown released the lease: {holder}"
-    );
+    assert_eq!(status, 204, "the holder releases the run in the end");
+    assert_eq!(probe(&lock), "acquired", "and the lock with it");
 }
 
 #[tokio::test]
