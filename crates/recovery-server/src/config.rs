@@ -76,6 +76,10 @@ impl TokenEntry {
                 "token {name:?}: a name and a token of at least 16 characters are required"
             ));
         }
+        if token.chars().any(char::is_whitespace) {
+            // A bearer token is sent trimmed: one with a space could never be presented whole.
+            return Err(format!("token {name:?}: a token holds no spaces"));
+        }
         Ok(Self {
             role,
             name: name.to_owned(),

@@ -46,6 +46,22 @@ pub fn id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     bounded(d, ID)
 }
 
+/// A name shown to people (a lease's holder and host): bounded like [`id`], and without
+/// control characters or bidirectional overrides, which would make one name pose as another.
+pub fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let value = bounded(d, ID)?;
+    if let Some(c) = value
+        .chars()
+        .find(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+    {
+        return Err(D::Error::custom(format!(
+            "holds the character U+{:04X}; names take no control or bidirectional characters",
+            u32::from(c)
+        )));
+    }
+    Ok(value)
+}
+
 pub fn opt_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     bounded_opt(d, ID)
 }

@@ -274,9 +274,11 @@ fn main() -> std::process::ExitCode {
     });
     match result {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        // 2, as for bad arguments: a command that could not run is told apart from the answers
+        // its exit codes carry (1: a refused resume, a run that completed nothing).
         Err(e) => {
             eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
+            std::process::ExitCode::from(2)
         }
     }
 }

@@ -15,13 +15,14 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"holder": "collector-1", "host": "node-7", "pid": 4242, "ttl_seconds": 60}))]
 pub struct AcquireRequest {
-    /// The client's name (shown to others as the holder).
-    #[serde(deserialize_with = "crate::limits::id")]
+    /// The client's name (shown to others as the holder; no control characters).
+    #[serde(deserialize_with = "crate::limits::name")]
     #[schema(max_length = 256)]
     pub holder: String,
-    #[serde(deserialize_with = "crate::limits::id")]
+    #[serde(deserialize_with = "crate::limits::name")]
     #[schema(max_length = 256)]
     pub host: String,
+    #[schema(minimum = 0)]
     pub pid: i64,
     /// Lease lifetime, renewed by heartbeat (default: the service's).
     #[serde(default)]
@@ -71,6 +72,9 @@ async fn lease_request(
 ) -> ApiResult<LeaseRequest> {
     if request.holder.trim().is_empty() || request.host.trim().is_empty() {
         return Err(ApiError::invalid("holder and host: must not be empty"));
+    }
+    if request.pid < 0 {
+        return Err(ApiError::invalid("pid: must not be negative"));
     }
     let (_, paths) = state.run(run_id).await?;
     let mut lock_paths = vec![paths.run_lock.clone()];
@@ -219,12 +223,13 @@ pub async fn holder(
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TakeoverRequest {
-    #[serde(deserialize_with = "crate::limits::id")]
+    #[serde(deserialize_with = "crate::limits::name")]
     #[schema(max_length = 256)]
     pub holder: String,
-    #[serde(deserialize_with = "crate::limits::id")]
+    #[serde(deserialize_with = "crate::limits::name")]
     #[schema(max_length = 256)]
     pub host: String,
+    #[schema(minimum = 0)]
     pub pid: i64,
     #[serde(default)]
     pub ttl_seconds: Option<u64>,

@@ -124,6 +124,13 @@ pub async fn create_run(
             "max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"
         )));
     }
+    if request.output_path.ends_with('/') {
+        // `Path` forgets a trailing slash: `exp/` would name a file `exp`.
+        return Err(ApiError::new(
+            crate::error::ErrorCode::PathRefused,
+            "output_path: ends with / (names a directory); name the JSONL file",
+        ));
+    }
     let paths = state
         .registry
         .paths_for(FsPath::new(&request.output_path))?;

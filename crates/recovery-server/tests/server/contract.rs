@@ -806,3 +806,73 @@ async fn bodies_are_objects_and_a_classify_batch_is_bounded() {
         .await;
     assert_eq!(small.status, StatusCode::OK, "{}", small.body);
 }
+
+#[tokio::test]
+async fn lease_names_take_no_control_characters_pids_are_not_negative_and_outputs_are_files() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let cases = [
+        (
+            "a NUL in the holder",
+            json!({"holder": "a\u{0}b", "host": "h", "pid": 1}),
+            "holder",
+        ),
+        (
+            "a right-to-left override in the holder",
+            json!({"holder": "ops\u{202e}evil", "host": "h", "pid": 1}),
+            "holder",
+        ),
+        (
+            "a newline in the host",
+            json!({"holder": "c", "host": "h\nx", "pid": 1}),
+            "host",
+        ),
+        (
+            "a negative pid",
+            json!({"holder": "c", "host": "h", "pid": -5}),
+            "pid",
+        ),
+    ];
+    for (case, body, field) in cases {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/lease"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{case}: {}",
+            reply.body
+        );
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field)),
+            "{case}: {}",
+            reply.body
+        );
+    }
+    let mut body = app.create_body();
+    body["output_path"] = json!(format!("{}/", app.root.join("exp3").display()));
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+    assert_eq!(reply.body["code"], "path_refused");
+    assert!(
+        !app.root.join("exp3").exists(),
+        "nothing named exp3 was made"
+    );
+    assert!(
+        recovery_server::config::TokenEntry::parse("operator:o:has a space 0123456789").is_err()
+    );
+}
