@@ -525,6 +525,71 @@ async fn sixty_four_concurrent_acquirers_of_one_run_get_exactly_one_lease() {
     assert_eq!(granted, 1, "exactly one of 64 acquirers holds the run");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_lease_whose_replica_stopped_is_taken_again_by_exactly_one_of_many_starting_replicas()
+ {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let clock: Arc<SystemClock> = Arc::new(SystemClock);
+    let gone = Leases::new(store.clone(), clock.clone(), "replica-gone");
+    let lease = gone
+        .acquire(&request(root.path(), "collector-a", 600))
+        .await
+        .expect("granted");
+    // The replica stops without a word: its flock goes with it, the lease row stays.
+    drop(gone);
+    let replicas: Vec<Leases> = (0..8)
+        .map(|r| Leases::new(store.clone(), clock.clone(), format!("replica-{r}")))
+        .collect();
+    let barrier = Arc::new(tokio::sync::Barrier::new(replicas.len()));
+    let tasks: Vec<_> = replicas
+        .iter()
+        .cloned()
+        .map(|leases| {
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                leases.adopt_live().await.expect("adopt").len()
+            })
+        })
+        .collect();
+    let mut adopted = Vec::new();
+    for task in tasks {
+        adopted.push(task.await.expect("task"));
+    }
+    assert_eq!(adopted.iter().sum::<usize>(), 1, "{adopted:?}");
+    let winner = &replicas[adopted.iter().position(|n| *n == 1).expect("one")];
+    // The collector renews at the adopting replica under the lease it was granted; another
+    // collector is refused everywhere, and the lock file is held.
+    winner
+        .heartbeat("run-1", &lease.lease_id, time::Duration::seconds(600))
+        .await
+        .expect("renewed");
+    for leases in &replicas {
+        assert!(
+            leases
+                .acquire(&request(root.path(), "collector-b", 60))
+                .await
+                .is_err()
+        );
+    }
+    let probe = Command::new("python3")
+        .args(["-c", PYTHON_PROBE])
+        .arg(root.path().join("out_run.lock"))
+        .output()
+        .expect("python3");
+    assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "blocked");
+    let row = store.get_lease("run-1").await.expect("row").expect("lease");
+    assert_eq!(
+        (
+            row.lease_id,
+            row.holder,
+            row.replica.starts_with("replica-")
+        ),
+        (lease.lease_id, "collector-a".to_owned(), true)
+    );
+}
+
 const PYTHON_HOLDER: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n";
 const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
 
