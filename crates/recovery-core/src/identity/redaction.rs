@@ -71,7 +71,7 @@ pub fn redact_string(s: &str) -> String {
             }
         })
         .into_owned();
-    if text.contains("${oc.env:") {
+    if text.contains("oc.env") {
         text = redact_unusual_env_references(&text);
     }
     text = CONFIG_REFERENCE_RE
@@ -104,22 +104,23 @@ pub fn redact_string(s: &str) -> String {
 /// The plain forms were handled by the Python-exact pattern before, so digests of ordinary
 /// configurations stay byte-identical with Python's.
 fn redact_unusual_env_references(text: &str) -> String {
-    const OPEN: &str = "${oc.env:";
+    // OmegaConf allows whitespace around the resolver's name: `${ oc.env :NAME}`.
+    static OPEN: LazyLock<Regex> = LazyLock::new(|| compile(r"\$\{\s*oc\.env\s*:"));
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(start) = rest.find(OPEN) {
-        out.push_str(&rest[..start]);
-        let body = &rest[start + OPEN.len()..];
+    while let Some(open) = OPEN.find(rest) {
+        out.push_str(&rest[..open.start()]);
+        let body = &rest[open.end()..];
         let Some(end) = closing_brace(body) else {
             // Unbalanced: the resolver refuses it; nothing here to read from the environment.
-            out.push_str(&rest[start..]);
+            out.push_str(&rest[open.start()..]);
             return out;
         };
         let name = first_argument(&body[..end]);
         if name.contains("${") || is_credential_name(name) {
             out.push_str(REDACTED);
         } else {
-            out.push_str(&rest[start..start + OPEN.len() + end + 1]);
+            out.push_str(&rest[open.start()..open.end() + end + 1]);
         }
         rest = &body[end + 1..];
     }
@@ -168,28 +169,25 @@ fn first_argument(args: &str) -> &str {
         .map_or(name, str::trim)
 }
 
-/// A URL with its password redacted: `scheme://user:<redacted>@host...`, the host, path and
-/// query kept. The user information ends at the last `@` before the query or fragment, so a
-/// password holding `@` or `/` (`postgres://u:p@ss/word@h`) is hidden whole; `host:port/path@x`
-/// (digits after the colon, then a path) is a path holding `@`, not a password.
+/// A URL with its password redacted: `scheme://user:<redacted>@host...`. The user information
+/// ends at the URL's last `@`, so a password holding `@`, `/`, `?` or `#` (`postgres://u:p@ss/
+/// w?rd@h`) is hidden whole. Where a `@` sits in a path or query after a port
+/// (`https://h:8080/p?to=a@b`), the text between the port's colon and that `@` is hidden too:
+/// syntax cannot tell it from a password, and a secret is never kept to spare a host.
 fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
-    let Some(at) = before_query.rfind('@') else {
+    let Some(at) = rest.rfind('@') else {
         return url.to_owned();
     };
-    let user_info = &before_query[..at];
+    let user_info = &rest[..at];
     let Some(colon) = user_info.find(':') else {
         return url.to_owned();
     };
-    if let Some(slash) = user_info.find('/') {
-        let port = &user_info[colon + 1..slash.max(colon + 1)];
-        let is_port = !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit());
-        if slash < colon || is_port {
-            return url.to_owned();
-        }
+    if user_info[..colon].contains(['/', '?', '#']) {
+        // A colon in a path (`https://h/a:b@c`): no user information.
+        return url.to_owned();
     }
     format!(
         "{scheme}://{}:{REDACTED}@{}",

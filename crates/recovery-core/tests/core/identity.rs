@@ -960,10 +960,10 @@ fn item_6_redaction_resolves_references_to_secrets_hides_whole_passwords_and_nee
     for secret in ["sk-live-OPENAI", "e2b-live-KEY", "p@ss", "ss/word"] {
         assert!(!text.contains(secret), "{secret} leaked into {text}");
     }
-    // A URL without a password keeps its port and query.
+    // A URL without user information keeps its port and query.
     assert_eq!(
-        recovery_core::identity::redaction::redact_string("https://host:8080/p?u=a@b"),
-        "https://host:8080/p?u=a@b"
+        recovery_core::identity::redaction::redact_string("https://host:8080/p?u=ab"),
+        "https://host:8080/p?u=ab"
     );
     // An environment credential is redacted before interpolation: the same identity whether or
     // not the collector sends it.
@@ -1006,6 +1006,9 @@ fn quoted_computed_and_defaulted_environment_credentials_are_redacted_and_never_
             "text around a quoted name",
             "Token ${oc.env:'E2B_API_KEY'} here",
         ),
+        ("a space before the resolver", "${ oc.env:E2B_API_KEY}"),
+        ("a space before the colon", "${oc.env :E2B_API_KEY}"),
+        ("spaces in a template", "key=${ oc.env : E2B_API_KEY } end"),
     ];
     for (name, reference) in cases {
         let global = set(
@@ -1075,24 +1078,35 @@ fn url_passwords_are_hidden_whole_and_everything_else_kept() {
             "postgres://u:<redacted>@h",
         ),
         (
+            "digits then / in the password",
+            "postgres://u:2024/PORTLIKE@h/db",
+            "postgres://u:<redacted>@h/db",
+        ),
+        (
+            "a ? in the password",
+            "postgres://u:pa?ss@h/db",
+            "postgres://u:<redacted>@h/db",
+        ),
+        (
+            "a # in the password",
+            "postgres://u:pa#ss@h/db",
+            "postgres://u:<redacted>@h/db",
+        ),
+        // Syntax cannot tell these from passwords: hidden rather than risk keeping one.
+        (
             "an @ in the query",
             "https://u:p@h/x?e=a@b",
-            "https://u:<redacted>@h/x?e=a@b",
+            "https://u:<redacted>@b",
         ),
         (
-            "an @ in the fragment",
-            "https://u:p@h/x#a@b",
-            "https://u:<redacted>@h/x#a@b",
-        ),
-        (
-            "no password, an @ in the query",
+            "an @ in a query after a port",
             "https://host:8080/p?u=a@b",
-            "https://host:8080/p?u=a@b",
+            "https://host:<redacted>@b",
         ),
         (
-            "no password, an @ in the path after a port",
-            "https://registry:443/@scope/pkg",
-            "https://registry:443/@scope/pkg",
+            "no user information, an @ in the query",
+            "https://host/p?u=a@b",
+            "https://host/p?u=a@b",
         ),
         (
             "no password, a colon in the path",
