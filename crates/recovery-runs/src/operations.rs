@@ -200,7 +200,7 @@ fn file_sha256(path: &Path) -> Result<String, OpError> {
     let cannot = |e: std::io::Error| {
         OpError::SourceUnreadable(format!("source_path: cannot read {}: {e}", path.display()))
     };
-    sha256_reader(std::fs::File::open(path).map_err(cannot)?).map_err(cannot)
+    sha256_reader(recovery_sidecar::open_regular_following(path).map_err(cannot)?).map_err(cannot)
 }
 
 impl Registry {

@@ -42,3 +42,20 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     file.read_to_end(&mut bytes)?;
     Ok(bytes)
 }
+
+/// Opens a regular file for reading, following symbolic links (a source dataset may be one),
+/// refusing anything that is not a regular file in the end: a FIFO swapped in for a dataset is
+/// refused at once instead of blocking a reader until some writer comes.
+pub fn open_regular_following(path: &Path) -> std::io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a directory, FIFO, socket or device is never read)",
+        ));
+    }
+    Ok(file)
+}

@@ -13,7 +13,7 @@ pub mod lock;
 pub mod paths;
 
 pub use atomic::{atomic_write, atomic_write_json, temporary_target};
-pub use files::{open_regular, read_regular};
+pub use files::{open_regular, open_regular_following, read_regular};
 pub use journal::{
     append_line, append_line_at, append_lines_at, prepare_append, read_lines, read_lines_at,
     read_lines_batch, read_lines_from,

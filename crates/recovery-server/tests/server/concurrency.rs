@@ -1135,6 +1135,31 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
         StatusCode::OK,
         "the run is whole again"
     );
+    // A FIFO given (or swapped in) as the source dataset is refused, never waited on.
+    let fifo_source = app.root.join("data/fifo.jsonl");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo_source)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let mut body = app.validate_body(0.3, 8000);
+    body["source_path"] = json!(fifo_source);
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(body),
+        )
+        .await;
+    assert_ne!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.to_string().contains("not a regular file"),
+        "{}",
+        reply.body
+    );
     // A FIFO as a new run's output or companion is refused before anything is written.
     for (case, fifo_name, output) in [
         ("an output", "fifo_out.jsonl", "fifo_out.jsonl"),
