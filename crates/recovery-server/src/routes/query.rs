@@ -173,6 +173,16 @@ struct RawClassifyRequest<'a> {
 /// early once its caller is gone.
 fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<RowDecision>> {
     let request: RawClassifyRequest = crate::error::parse_json_body(body)?;
+    if request.rows.len() > CLASSIFY_ROWS {
+        return Err(ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "rows: a classify batch is at most {CLASSIFY_ROWS} rows, this one has {}; send \
+                 smaller batches or use the offline `classify` command",
+                request.rows.len()
+            ),
+        ));
+    }
     let policy = match request.policy {
         Some(raw) => ClassificationPolicy::from_json(raw.get().as_bytes())
             .map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
@@ -222,11 +232,15 @@ fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<R
 /// `classify` command, which streams.
 pub const CLASSIFY_BODY_BYTES: usize = 8 << 20;
 
-/// Classify rows (a batch of at most 8 MiB): what every predicate says of each, and what resume
-/// does with it.
+/// The most rows of a classify batch: each decision is about 650 bytes whatever its row's size,
+/// so tiny rows (`{}`) would otherwise turn 8 MiB into gigabytes of answer.
+pub const CLASSIFY_ROWS: usize = 20_000;
+
+/// Classify rows (a batch of at most 8 MiB and 20,000 rows): what every predicate says of each,
+/// and what resume does with it.
 #[utoipa::path(post, path = "/classify", tag = "classification", request_body = ClassifyRequest,
     responses((status = 200, body = ClassifyResponse), (status = 422, body = ApiErrorBody),
-        (status = 413, description = "a batch over 8 MiB", body = ApiErrorBody),
+        (status = 413, description = "a batch over 8 MiB or 20,000 rows", body = ApiErrorBody),
         (status = 503, description = "overloaded: retry after Retry-After", body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn classify(
     State(state): State<AppState>,

@@ -796,6 +796,26 @@ async fn bodies_are_objects_and_a_classify_batch_is_bounded() {
         reply.body
     );
     assert_eq!(reply.body["code"], "payload_too_large");
+    let tiny_rows = vec!["{}"; 20_001].join(",");
+    let reply = app
+        .call_raw(
+            Method::POST,
+            "/classify",
+            Some(VIEWER),
+            Some(format!(r#"{{"rows":[{tiny_rows}]}}"#)),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("rows:"))
+    );
     let small = app
         .call_raw(
             Method::POST,
