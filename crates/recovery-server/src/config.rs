@@ -76,9 +76,19 @@ impl TokenEntry {
                 "token {name:?}: a name and a token of at least 16 characters are required"
             ));
         }
-        if token.chars().any(char::is_whitespace) {
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
             // A bearer token is sent trimmed: one with a space could never be presented whole.
-            return Err(format!("token {name:?}: a token holds no spaces"));
+            return Err(format!(
+                "token {name:?}: a token holds no spaces or control characters"
+            ));
+        }
+        if name
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || crate::limits::is_invisible_format(c))
+        {
+            return Err(format!(
+                "token {name:?}: a name holds no spaces, control or invisible characters"
+            ));
         }
         Ok(Self {
             role,

@@ -52,7 +52,7 @@ pub fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     let value = bounded(d, ID)?;
     if let Some(c) = value
         .chars()
-        .find(|c| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'))
+        .find(|c| c.is_control() || is_invisible_format(*c))
     {
         return Err(D::Error::custom(format!(
             "holds the character U+{:04X}; names take no control or bidirectional characters",
@@ -60,6 +60,23 @@ pub fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         )));
     }
     Ok(value)
+}
+
+/// Unicode format and separator characters that change how a name reads without showing:
+/// bidirectional marks and overrides, zero-width characters, line and paragraph separators, the
+/// soft hyphen, the byte-order mark and tags.
+pub fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00ad}'
+            | '\u{061c}'
+            | '\u{180e}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{e0000}'..='\u{e007f}'
+    )
 }
 
 pub fn opt_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {

@@ -124,11 +124,18 @@ pub async fn create_run(
             "max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"
         )));
     }
-    if request.output_path.ends_with('/') {
-        // `Path` forgets a trailing slash: `exp/` would name a file `exp`.
+    let last = request.output_path.rsplit('/').next().unwrap_or_default();
+    if matches!(last, "" | "." | "..") {
+        // `Path` forgets a trailing `/` or `/.`: `exp/` would name a file `exp`.
         return Err(ApiError::new(
             crate::error::ErrorCode::PathRefused,
-            "output_path: ends with / (names a directory); name the JSONL file",
+            "output_path: ends with /, /. or /.. (names a directory); name the JSONL file",
+        ));
+    }
+    if request.output_path.chars().any(char::is_control) {
+        return Err(ApiError::new(
+            crate::error::ErrorCode::PathRefused,
+            "output_path: holds a control character (a newline, a tab)",
         ));
     }
     let paths = state

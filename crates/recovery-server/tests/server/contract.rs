@@ -852,6 +852,21 @@ async fn lease_names_take_no_control_characters_pids_are_not_negative_and_output
             json!({"holder": "c", "host": "h", "pid": -5}),
             "pid",
         ),
+        (
+            "a left-to-right mark in the holder",
+            json!({"holder": "ops\u{200e}", "host": "h", "pid": 1}),
+            "holder",
+        ),
+        (
+            "a zero-width space in the host",
+            json!({"holder": "c", "host": "h\u{200b}", "pid": 1}),
+            "host",
+        ),
+        (
+            "a byte-order mark in the holder",
+            json!({"holder": "\u{feff}c", "host": "h", "pid": 1}),
+            "holder",
+        ),
     ];
     for (case, body, field) in cases {
         let reply = app
@@ -892,6 +907,34 @@ async fn lease_names_take_no_control_characters_pids_are_not_negative_and_output
         !app.root.join("exp3").exists(),
         "nothing named exp3 was made"
     );
+    for (case, output) in [
+        (
+            "a trailing /.",
+            format!("{}/.", app.root.join("tp5").display()),
+        ),
+        (
+            "a trailing /..",
+            format!("{}/..", app.root.join("tp6").display()),
+        ),
+        (
+            "a newline in the name",
+            format!("{}\n", app.root.join("nl/out.jsonl").display()),
+        ),
+    ] {
+        let mut body = app.create_body();
+        body["output_path"] = json!(output);
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{case}: {}",
+            reply.body
+        );
+        assert_eq!(reply.body["code"], "path_refused", "{case}");
+    }
+    assert!(!app.root.join("tp5").exists() && !app.root.join("nl").exists());
     assert!(
         recovery_server::config::TokenEntry::parse("operator:o:has a space 0123456789").is_err()
     );
