@@ -231,7 +231,13 @@ impl Leases {
     /// run meanwhile. A lease whose locks another process took in between (a collector that
     /// did not wait) is left as it is: its holder learns it at its next renewal. Returns the
     /// leases taken again.
-    pub async fn adopt_live(&self) -> Result<Vec<Lease>, LeaseError> {
+    /// `confined` tells whether a recorded lock path still names a file under the service's
+    /// roots through no symbolic link (the roots or the directories may have changed while the
+    /// service was down); a lease with any other lock path is not taken again.
+    pub async fn adopt_live(
+        &self,
+        confined: impl Fn(&Path) -> bool,
+    ) -> Result<Vec<Lease>, LeaseError> {
         let mut adopted = Vec::new();
         for lease in self.store.live_leases(&self.clock.now_text()).await? {
             if self.held_entry(&lease.run_id).is_some() {
@@ -244,6 +250,10 @@ impl Leases {
                 .into_iter()
                 .map(PathBuf::from)
                 .collect();
+            if let Some(moved) = paths.iter().find(|p| !confined(p)) {
+                tracing::warn!(run_id = %lease.run_id, lock = %moved.display(), "a live lease's lock is no longer under the roots; not taken again");
+                continue;
+            }
             // The run's own lock sorts first in the request, but not necessarily by name.
             let Some(run_lock) = paths
                 .iter()

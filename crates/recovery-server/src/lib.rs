@@ -327,7 +327,13 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
     let leases = registry.leases().clone();
     // Live leases survive a restart: their collectors keep the runs they were granted.
     // (Never fatal: a service that cannot take them serves anyway, as if they had been lost.)
-    match leases.adopt_live().await {
+    let confinement = registry.confinement().clone();
+    let confined = move |path: &std::path::Path| {
+        confinement
+            .resolve(path)
+            .is_ok_and(|resolved| resolved == path)
+    };
+    match leases.adopt_live(confined).await {
         Ok(adopted) => {
             for lease in adopted {
                 tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expires_at = %lease.expires_at, "a live lease's locks taken again");
