@@ -153,12 +153,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     config.body_limit_bytes = args.body_limit_mb * 1024 * 1024;
     config.request_timeout = Duration::from_secs(args.request_timeout_secs);
     config.default_max_attempts = match args.max_rollout_attempts {
-        Some(0) => {
-            anyhow::bail!("--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS) must be at least 1")
-        }
         Some(n) => n,
         None => env_max_attempts(),
     };
+    if !(1..=1_000_000).contains(&config.default_max_attempts) {
+        // The cap a POST /runs may set is bounded the same way.
+        anyhow::bail!(
+            "--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS, or NEMO_GYM_MAX_ROLLOUT_ATTEMPTS) \
+             must be between 1 and 1000000, not {}",
+            config.default_max_attempts
+        )
+    }
     config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs);
     config.drift_policy = args.drift_policy.policy();
     if let Some(replica) = args.replica {

@@ -244,8 +244,8 @@ pub struct PlanArgs {
     /// The run's output JSONL path.
     #[arg(long)]
     output: PathBuf,
-    /// The cap for manifests that saved none.
-    #[arg(long, default_value_t = 3)]
+    /// The cap for manifests that saved none (1 to 1,000,000).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     default_max_attempts: u64,
 }
 

@@ -816,6 +816,16 @@ fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
             vec!["--log-format", "yaml"],
             "yaml",
         ),
+        (
+            "an attempt cap over a million",
+            vec!["--max-rollout-attempts", "1000001"],
+            "--max-rollout-attempts",
+        ),
+        (
+            "a token with a control character",
+            vec!["--token", "operator:o:abcdefgh\u{1}ijklmnopq"],
+            "control",
+        ),
     ];
     for (case, flags, named) in cases {
         let output = Command::new(BIN)
