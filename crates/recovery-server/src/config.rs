@@ -62,6 +62,21 @@ impl std::fmt::Debug for TokenEntry {
 }
 
 impl TokenEntry {
+    /// What a console session keeps of the token that opened it: a domain-separated SHA-256 of
+    /// the token's SHA-256, never the token.
+    pub fn fingerprint(&self) -> String {
+        let mut hasher = Sha256::new();
+        hasher.update(b"rollout-recovery console session token\n");
+        hasher.update(self.digest);
+        recovery_core::canonical::hex(&hasher.finalize())
+    }
+
+    /// The configured entry of a presented bearer token.
+    pub fn of_token<'a>(tokens: &'a [TokenEntry], token: &str) -> Option<&'a TokenEntry> {
+        let digest: [u8; 32] = Sha256::digest(token.trim().as_bytes()).into();
+        tokens.iter().find(|t| t.digest == digest)
+    }
+
     /// Parses `role:name:token`.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut parts = spec.splitn(3, ':');

@@ -1206,12 +1206,13 @@ impl Store {
 
     /// Records a console session under the hash of its id (the id itself is never stored).
     pub async fn insert_session(&self, session: &ConsoleSession) -> Result<(), StoreError> {
-        sqlx::query("INSERT INTO console_sessions (session_hash, name, role, created_at, expires_at) VALUES ($1, $2, $3, $4, $5)")
+        sqlx::query("INSERT INTO console_sessions (session_hash, name, role, created_at, expires_at, token_fingerprint) VALUES ($1, $2, $3, $4, $5, $6)")
             .bind(&session.session_hash)
             .bind(&session.name)
             .bind(&session.role)
             .bind(&session.created_at)
             .bind(&session.expires_at)
+            .bind(&session.token_fingerprint)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -1223,7 +1224,7 @@ impl Store {
         session_hash: &str,
         now: &str,
     ) -> Result<Option<ConsoleSession>, StoreError> {
-        let row = sqlx::query("SELECT session_hash, name, role, created_at, expires_at FROM console_sessions WHERE session_hash = $1 AND expires_at > $2")
+        let row = sqlx::query("SELECT session_hash, name, role, created_at, expires_at, token_fingerprint FROM console_sessions WHERE session_hash = $1 AND expires_at > $2")
             .bind(session_hash)
             .bind(now)
             .fetch_optional(&self.pool)

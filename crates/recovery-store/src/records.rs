@@ -186,4 +186,7 @@ pub struct ConsoleSession {
     pub role: String,
     pub created_at: String,
     pub expires_at: String,
+    /// Which token opened the session: a domain-separated SHA-256 of the token's SHA-256
+    /// (`None` for sessions recorded before it was kept: they open nothing).
+    pub token_fingerprint: Option<String>,
 }

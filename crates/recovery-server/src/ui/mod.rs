@@ -183,7 +183,10 @@ async fn login(
                 .into_response();
         }
     };
-    match session::start(&state, &caller).await {
+    let fingerprint = crate::config::TokenEntry::of_token(&state.config.tokens, &login.token)
+        .map(crate::config::TokenEntry::fingerprint)
+        .unwrap_or_default();
+    match session::start(&state, &caller, fingerprint).await {
         Ok(cookie) => (
             StatusCode::SEE_OTHER,
             [

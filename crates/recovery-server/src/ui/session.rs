@@ -134,15 +134,15 @@ impl FromRequestParts<AppState> for Visitor {
         let Some(role) = Role::parse(&session.role) else {
             return Err(missing);
         };
-        // A session lasts only while the service still knows a token of that name and role: a
-        // token removed from the configuration (and the service restarted) signs its sessions
-        // out.
-        if !state
-            .config
-            .tokens
-            .iter()
-            .any(|token| token.name == session.name && token.role == role)
-        {
+        // A session lasts only while the token that opened it is configured, under the same
+        // name and role: a token removed or rotated (and the service restarted) signs its
+        // sessions out.
+        let opened_by = |token: &crate::config::TokenEntry| {
+            token.name == session.name
+                && token.role == role
+                && session.token_fingerprint.as_deref() == Some(token.fingerprint().as_str())
+        };
+        if !state.config.tokens.iter().any(opened_by) {
             return Err(missing);
         }
         Ok(Self {
@@ -202,8 +202,13 @@ pub fn check_form(visitor: &Visitor, headers: &HeaderMap, token: &str) -> Result
     }
 }
 
-/// Starts a session for the caller a token names: the cookie to set.
-pub async fn start(state: &AppState, caller: &Caller) -> Result<String, Refusal> {
+/// Starts a session for the caller a token names: the cookie to set. `token_fingerprint`
+/// ties it to that token ([`crate::config::TokenEntry::fingerprint`]).
+pub async fn start(
+    state: &AppState,
+    caller: &Caller,
+    token_fingerprint: String,
+) -> Result<String, Refusal> {
     let id = format!(
         "{}{}",
         recovery_sidecar::new_id(),
@@ -216,6 +221,7 @@ pub async fn start(state: &AppState, caller: &Caller) -> Result<String, Refusal>
         role: caller.role.label().to_owned(),
         created_at: state.registry.clock().now_text(),
         expires_at: recovery_sidecar::format_rfc3339(now + time::Duration::hours(SESSION_HOURS)),
+        token_fingerprint: Some(token_fingerprint),
     };
     state
         .registry

@@ -439,6 +439,26 @@ async fn a_session_ends_when_its_token_leaves_the_configuration() {
     .await;
     assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
     assert_eq!(page.headers["location"], "/ui/login");
+    // Rotated: alice's token replaced under the same name and role signs her sessions out too.
+    let mut config = app.config.clone();
+    config.tokens.retain(|token| token.name != "alice");
+    config.tokens.push(
+        recovery_server::config::TokenEntry::parse("operator:alice:rotated-token-0123456789")
+            .expect("token"),
+    );
+    let rotated = recovery_server::start(config, app.clock.clone())
+        .await
+        .expect("restart");
+    let page = visit_state(
+        rotated.clone(),
+        Method::GET,
+        "/ui/",
+        Some(&cookie),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
     // A viewer's session under the same restarted service still works.
     let viewer = sign_in(&app, VIEWER).await;
     let page = visit_state(restarted, Method::GET, "/ui/", Some(&viewer), None, &[]).await;
