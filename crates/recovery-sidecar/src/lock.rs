@@ -15,6 +15,10 @@ use std::path::{Path, PathBuf};
 pub enum LockError {
     #[error("Another collector owns this run ({}). Wait for it to stop before resuming.", .0.display())]
     Owned(PathBuf),
+    /// A symbolic link, FIFO, socket or directory where the lock file belongs: a path problem
+    /// of the run's files, never a lock to wait for nor the service's failure.
+    #[error("lock file {} is not a regular file (a symbolic link, FIFO, socket or directory is never used)", .0.display())]
+    NotAFile(PathBuf),
     #[error("cannot open lock file {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -44,13 +48,24 @@ impl RunLock {
             if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
                 std::fs::create_dir_all(parent).map_err(io)?;
             }
-            let file = OpenOptions::new()
+            let file = match OpenOptions::new()
                 .read(true)
                 .append(true)
                 .create(true)
-                .custom_flags(libc::O_NOFOLLOW)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
                 .open(&path)
-                .map_err(io)?;
+            {
+                Ok(file) => file,
+                // A link (ELOOP under O_NOFOLLOW). A socket, which open(2) refuses with ENXIO,
+                // stays an IO error: the service cannot open it at all.
+                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    return Err(LockError::NotAFile(path));
+                }
+                Err(e) => return Err(io(e)),
+            };
+            if !file.metadata().map_err(io)?.is_file() {
+                return Err(LockError::NotAFile(path));
+            }
             let mut lock = RwLock::new(file);
             match lock.try_write() {
                 // The guard would unlock on drop; the lock must live as long as the file instead.

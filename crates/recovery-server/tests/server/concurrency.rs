@@ -1160,6 +1160,40 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
         "{}",
         reply.body
     );
+    // A link or a FIFO planted where the run's lock file is: the lease is refused as a path
+    // problem (422), never a lock to wait for nor the service's failure.
+    let lock = dir.join("out_run.lock");
+    for planted in ["a link", "a FIFO"] {
+        std::fs::rename(&lock, dir.join("out_run.lock.aside")).expect("aside");
+        if planted == "a link" {
+            std::os::unix::fs::symlink(&secret_file, &lock).expect("link");
+        } else {
+            assert!(
+                std::process::Command::new("mkfifo")
+                    .arg(&lock)
+                    .status()
+                    .expect("mkfifo")
+                    .success()
+            );
+        }
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/lease"),
+                Some(COLLECTOR),
+                Some(json!({"holder": "c", "host": "h", "pid": 1})),
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{planted}: {}",
+            reply.body
+        );
+        assert_eq!(reply.body["code"], "path_refused", "{planted}");
+        std::fs::remove_file(&lock).expect("unlink");
+        std::fs::rename(dir.join("out_run.lock.aside"), &lock).expect("restore");
+    }
     // A FIFO as a new run's output or companion is refused before anything is written.
     for (case, fifo_name, output) in [
         ("an output", "fifo_out.jsonl", "fifo_out.jsonl"),
