@@ -715,14 +715,17 @@ impl Registry {
                 link.display()
             ));
         }
-        if paths.output.is_dir() {
-            return refuse(format!("{} is a directory", paths.output.display()));
-        }
-        if std::fs::symlink_metadata(&paths.output).is_ok_and(|m| !m.is_file()) {
-            return refuse(format!(
-                "{} is not a regular file (a FIFO, socket or device)",
-                paths.output.display()
-            ));
+        match std::fs::symlink_metadata(&paths.output) {
+            Ok(m) if m.is_dir() => {
+                return refuse(format!("{} is a directory", paths.output.display()));
+            }
+            Ok(m) if !m.is_file() => {
+                return refuse(format!(
+                    "{} is not a regular file (a FIFO, socket or device)",
+                    paths.output.display()
+                ));
+            }
+            _ => {}
         }
         if paths.output == source {
             return refuse("is the source dataset itself".into());

@@ -659,8 +659,7 @@ impl Registry {
 
     /// Indexes a run's drift journal from its mark, a batch of lines at a time (each batch parsed
     /// on every core, inserted in one transaction, then the mark moved past it), so memory stays
-    /// bounded whatever the journal's length. The next batch is read and parsed while the
-    /// current one is inserted: the database's one writer never waits for the parse.
+    /// bounded whatever the journal's length.
     async fn reindex_drift(
         &self,
         run_id: &str,
@@ -671,20 +670,18 @@ impl Registry {
         let Some(mark) = self.journal_mark(path).await? else {
             return Ok(());
         };
-        let read = |start: u64| {
+        let mut start = mark.start;
+        loop {
             let (read_path, run) = (path.to_owned(), run_id.to_owned());
-            tokio::task::spawn_blocking(move || {
-                read_lines_batch(&read_path, start, BATCH).map(|(lines, end)| {
-                    let full = lines.len() == BATCH;
-                    (parse_drift_lines(&run, &read_path, lines), end, full)
-                })
+            let batch = blocking(move || {
+                Ok(
+                    read_lines_batch(&read_path, start, BATCH).map(|(lines, end)| {
+                        let full = lines.len() == BATCH;
+                        (parse_drift_lines(&run, &read_path, lines), end, full)
+                    }),
+                )
             })
-        };
-        let mut next = Some(read(mark.start));
-        while let Some(reading) = next.take() {
-            let batch = reading
-                .await
-                .map_err(|e| RegistryError::Join(e.to_string()))?;
+            .await?;
             let ((events, unreadable), end, full) = match batch {
                 Ok(batch) => batch,
                 // A journal that cannot be read (a symbolic link, which is never followed, or
@@ -696,14 +693,14 @@ impl Registry {
                     return Ok(());
                 }
             };
-            if full {
-                next = Some(read(end));
-            }
             report.unreadable.extend(unreadable);
             report.drift_inserted += self.store.insert_drift_events(&events).await?;
             self.advance_mark(path, Some(mark), Some(end)).await?;
+            if !full {
+                return Ok(());
+            }
+            start = end;
         }
-        Ok(())
     }
 
     /// Reindexes one run from its manifest path (holding its rows against our writers).

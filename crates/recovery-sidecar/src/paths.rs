@@ -55,7 +55,7 @@ pub enum PathError {
         "output path {path:?}: its companion {companion:?} is not a regular file (a directory, \
          FIFO, socket or device)"
     )]
-    CompanionIsDirectory { path: PathBuf, companion: PathBuf },
+    CompanionNotAFile { path: PathBuf, companion: PathBuf },
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
         path: PathBuf,
@@ -282,7 +282,7 @@ impl SidecarPaths {
             std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_file() && !m.file_type().is_symlink())
         };
         if let Some(companion) = self.all()[1..].iter().find(not_a_file) {
-            return Err(PathError::CompanionIsDirectory {
+            return Err(PathError::CompanionNotAFile {
                 path: self.output.clone(),
                 companion: companion.to_path_buf(),
             });

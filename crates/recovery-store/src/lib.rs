@@ -1132,7 +1132,7 @@ impl Store {
         Ok(())
     }
 
-    /// The lock files a lease holds, in the order they were recorded.
+    /// The lock files a lease holds, by path.
     pub async fn lease_locks(
         &self,
         run_id: &str,
