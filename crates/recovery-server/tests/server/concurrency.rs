@@ -1113,11 +1113,7 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
         );
         std::fs::remove_file(&at).expect("unlink");
         // A FIFO in the same place is refused at once, never waited on.
-        let fifo = std::process::Command::new("mkfifo")
-            .arg(&at)
-            .status()
-            .expect("mkfifo");
-        assert!(fifo.success());
+        mkfifo(&at);
         let reply = plan().await;
         assert_ne!(reply.status, StatusCode::OK, "{companion}: {}", reply.body);
         assert!(
@@ -1137,13 +1133,7 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
     );
     // A FIFO given (or swapped in) as the source dataset is refused, never waited on.
     let fifo_source = app.root.join("data/fifo.jsonl");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo_source)
-            .status()
-            .expect("mkfifo")
-            .success()
-    );
+    mkfifo(&fifo_source);
     let mut body = app.validate_body(0.3, 8000);
     body["source_path"] = json!(fifo_source);
     let reply = app
@@ -1168,13 +1158,7 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
         if planted == "a link" {
             std::os::unix::fs::symlink(&secret_file, &lock).expect("link");
         } else {
-            assert!(
-                std::process::Command::new("mkfifo")
-                    .arg(&lock)
-                    .status()
-                    .expect("mkfifo")
-                    .success()
-            );
+            mkfifo(&lock);
         }
         let reply = app
             .call(
@@ -1200,13 +1184,7 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
         ("a failures sidecar", "g_failures.jsonl", "g.jsonl"),
     ] {
         let at = dir.join(fifo_name);
-        assert!(
-            std::process::Command::new("mkfifo")
-                .arg(&at)
-                .status()
-                .expect("mkfifo")
-                .success()
-        );
+        mkfifo(&at);
         let mut body = app.create_body();
         body["output_path"] = json!(dir.join(output));
         let reply = app

@@ -422,45 +422,28 @@ async fn a_session_ends_when_its_token_leaves_the_configuration() {
     let cookie = sign_in(&app, OPERATOR).await;
     let page = visit(&app, Method::GET, "/ui/", Some(&cookie), None, &[]).await;
     assert_eq!(page.status, StatusCode::OK);
-    // The service restarts with alice's token removed: her session opens nothing any more.
-    let mut config = app.config.clone();
-    config.tokens.retain(|token| token.name != "alice");
-    let restarted = recovery_server::start(config, app.clock.clone())
+    // The service restarted over the same database with alice's token removed, or replaced
+    // under the same name and role.
+    let restart = |replacement: Option<&str>| {
+        let mut config = app.config.clone();
+        config.tokens.retain(|token| token.name != "alice");
+        config.tokens.extend(
+            replacement
+                .map(|spec| recovery_server::config::TokenEntry::parse(spec).expect("token")),
+        );
+        recovery_server::start(config, app.clock.clone())
+    };
+    let removed = restart(None).await.expect("restart");
+    let rotated = restart(Some("operator:alice:rotated-token-0123456789"))
         .await
         .expect("restart");
-    let page = visit_state(
-        restarted.clone(),
-        Method::GET,
-        "/ui/",
-        Some(&cookie),
-        None,
-        &[],
-    )
-    .await;
-    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
-    assert_eq!(page.headers["location"], "/ui/login");
-    // Rotated: alice's token replaced under the same name and role signs her sessions out too.
-    let mut config = app.config.clone();
-    config.tokens.retain(|token| token.name != "alice");
-    config.tokens.push(
-        recovery_server::config::TokenEntry::parse("operator:alice:rotated-token-0123456789")
-            .expect("token"),
-    );
-    let rotated = recovery_server::start(config, app.clock.clone())
-        .await
-        .expect("restart");
-    let page = visit_state(
-        rotated.clone(),
-        Method::GET,
-        "/ui/",
-        Some(&cookie),
-        None,
-        &[],
-    )
-    .await;
-    assert_eq!(page.status, StatusCode::SEE_OTHER, "{}", page.body);
+    for (case, state) in [("removed", &removed), ("rotated", &rotated)] {
+        let page = visit_state(state.clone(), Method::GET, "/ui/", Some(&cookie), None, &[]).await;
+        assert_eq!(page.status, StatusCode::SEE_OTHER, "{case}: {}", page.body);
+        assert_eq!(page.headers["location"], "/ui/login", "{case}");
+    }
     // A viewer's session under the same restarted service still works.
     let viewer = sign_in(&app, VIEWER).await;
-    let page = visit_state(restarted, Method::GET, "/ui/", Some(&viewer), None, &[]).await;
+    let page = visit_state(removed, Method::GET, "/ui/", Some(&viewer), None, &[]).await;
     assert_eq!(page.status, StatusCode::OK);
 }
