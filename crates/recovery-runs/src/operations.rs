@@ -715,6 +715,7 @@ impl Registry {
                 link.display()
             ));
         }
+        paths.check_companion_types().map_err(RegistryError::from)?;
         match std::fs::symlink_metadata(&paths.output) {
             Ok(m) if m.is_dir() => {
                 return refuse(format!("{} is a directory", paths.output.display()));
@@ -1659,7 +1660,8 @@ fn publish_files(
         for outcome in [&paths.output, &paths.failures] {
             std::os::unix::fs::OpenOptionsExt::custom_flags(
                 std::fs::OpenOptions::new().create(true).append(true),
-                libc::O_NOFOLLOW,
+                // A FIFO swapped in since the checks is never waited on.
+                libc::O_NOFOLLOW | libc::O_NONBLOCK,
             )
             .open(outcome)?;
         }

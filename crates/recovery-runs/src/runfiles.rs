@@ -51,7 +51,19 @@ pub fn check_run_files(paths: &SidecarPaths) -> Result<(), RunFilesError> {
     if !paths.manifest.exists() {
         return Ok(());
     }
-    let missing: Vec<String> = [&paths.output, &paths.failures, &paths.materialized]
+    let required = [&paths.output, &paths.failures, &paths.materialized];
+    // A FIFO, socket or directory where a run's file belongs is named as such (its readers
+    // would refuse it too), not as missing.
+    if let Some(odd) = required
+        .iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| !m.is_file()))
+    {
+        return Err(RunFilesError::Inconsistent(format!(
+            "Cannot resume: {} is not a regular file (a directory, FIFO, socket or device)",
+            odd.display()
+        )));
+    }
+    let missing: Vec<String> = required
         .into_iter()
         .filter(|p| !p.is_file())
         .map(|p| p.display().to_string())

@@ -26,9 +26,12 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
     let mut file = match OpenOptions::new()
         .read(true)
         .write(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
     {
+        Ok(file) if !file.metadata()?.is_file() => {
+            return Err(std::io::Error::other("not a regular file"));
+        }
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TailRepair::Clean),
         Err(e) => return Err(e),
@@ -100,12 +103,17 @@ pub fn append_lines_at(path: &Path, lines: &[&[u8]]) -> std::io::Result<(TailRep
     }
     let repair = prepare_append(path)?;
     // Never through a symbolic link: a journal is written beside its output, nowhere else.
+    // Never waiting on a FIFO swapped in (no reader: ENXIO at once), never writing to one.
     let mut file = OpenOptions::new()
         .create(true)
         .append(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
-    let start = file.metadata()?.len();
+    let metadata = file.metadata()?;
+    if !metadata.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let start = metadata.len();
     let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
     let mut offsets = Vec::with_capacity(lines.len());
     for line in lines {

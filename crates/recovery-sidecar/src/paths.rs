@@ -260,8 +260,28 @@ impl SidecarPaths {
         .map(PathBuf::as_path)
     }
 
+    /// Refuses a new run's output whose companions are there but are no regular files (a
+    /// directory, FIFO, socket or device): a create would fail midway through its writes. One
+    /// `lstat` per companion, so it is checked where a run is created, not on every request:
+    /// every reader and appender of an existing run's files opens them without following a
+    /// link or blocking and refuses what is not a regular file (see [`crate::open_regular`]).
+    pub fn check_companion_types(&self) -> Result<(), PathError> {
+        // The output itself may be a directory (refused elsewhere as such).
+        let not_a_file = |p: &&&Path| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_file() && !m.file_type().is_symlink())
+        };
+        match self.all()[1..].iter().find(not_a_file) {
+            Some(companion) => Err(PathError::CompanionNotAFile {
+                path: self.output.clone(),
+                companion: companion.to_path_buf(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Refuses an output whose companions could not be created: a name over [`NAME_MAX`] fails
-    /// only once some files exist, so it is checked before anything is written.
+    /// only once some files exist, so it is checked before anything is written. Names only:
+    /// no file is looked at.
     pub fn check_names(&self) -> Result<(), PathError> {
         if self
             .output
@@ -276,17 +296,6 @@ impl SidecarPaths {
             .map(|p| p.as_os_str().len())
             .max()
             .unwrap_or(0);
-        // The output itself may be a directory (refused elsewhere as such); a companion that is
-        // one would fail midway through a create, and a FIFO would hang its reader.
-        let not_a_file = |p: &&&Path| {
-            std::fs::symlink_metadata(p).is_ok_and(|m| !m.is_file() && !m.file_type().is_symlink())
-        };
-        if let Some(companion) = self.all()[1..].iter().find(not_a_file) {
-            return Err(PathError::CompanionNotAFile {
-                path: self.output.clone(),
-                companion: companion.to_path_buf(),
-            });
-        }
         if longest_path + NAME_OVERHEAD > PATH_MAX {
             return Err(PathError::PathTooLong {
                 path: self.output.clone(),
