@@ -6,11 +6,16 @@
 //! line, so inserts are idempotent (`ON CONFLICT DO NOTHING`) and a reindex can replay sidecars
 //! any number of times without duplicates; drift rows hold keys and digests, never values; times
 //! are fixed-width RFC 3339 UTC text, so text order is time order on both backends; queries are
-//! runtime queries with `$N` placeholders, which both drivers accept.
+//! runtime queries with `$N` placeholders, which both drivers accept. On SQLite, a database one
+//! service process owns, a run's record and its lease are answered from memory once read, and
+//! forgotten by every write of them (`rowcache.rs`).
 
 mod records;
+mod rowcache;
 
 pub use records::*;
+
+use rowcache::RowCache;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::pool::PoolConnection;
@@ -56,6 +61,9 @@ pub struct Store {
     advisory_slots: Arc<Semaphore>,
     /// Event rows of concurrent callers, committed together.
     group: Arc<Group>,
+    /// Runs and leases by run id, on SQLite only (see [`rowcache`]).
+    runs: Arc<RowCache<RunRecord>>,
+    leases: Arc<RowCache<Lease>>,
 }
 
 /// An event row written through the group commit ([`Store::insert_grouped`]).
@@ -338,6 +346,8 @@ impl Store {
             backend,
             advisory_slots: Arc::new(Semaphore::new(connections as usize / 2)),
             group: Arc::default(),
+            runs: Arc::new(RowCache::new(backend == Backend::Sqlite)),
+            leases: Arc::new(RowCache::new(backend == Backend::Sqlite)),
         })
     }
 
@@ -402,6 +412,13 @@ impl Store {
     /// one transaction: another run recorded for the same output path is marked superseded by
     /// this one (kept in history under a suffixed path); returns that run's id.
     pub async fn upsert_run(&self, run: &RunRecord) -> Result<Option<String>, StoreError> {
+        let result = self.upsert_run_uncached(run).await;
+        // Another run's record may have changed too (superseded).
+        self.runs.forget_all();
+        result
+    }
+
+    async fn upsert_run_uncached(&self, run: &RunRecord) -> Result<Option<String>, StoreError> {
         // The first statement writes: a transaction that reads first would have to upgrade its
         // SQLite snapshot to write, which fails (BUSY_SNAPSHOT) under concurrent writers instead
         // of waiting.
@@ -461,12 +478,18 @@ impl Store {
          identity_overridden, max_rollout_attempts, created_at, updated_at, superseded_by";
 
     pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let since = match self.runs.get(run_id) {
+            Ok(cached) => return Ok(cached),
+            Err(since) => since,
+        };
         let sql = format!("SELECT {} FROM runs WHERE run_id = $1", Self::RUN_COLUMNS);
         let row = sqlx::query(&sql)
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(Self::run_from_row).transpose()
+        let run = row.as_ref().map(Self::run_from_row).transpose()?;
+        self.runs.fill(run_id, run.clone(), since);
+        Ok(run)
     }
 
     pub async fn find_run_by_output(
@@ -999,6 +1022,16 @@ impl Store {
     /// Takes the run's lease when none is live (none recorded, or expired at `now`); returns the
     /// lease that holds afterwards, which is `lease` only when it was granted.
     pub async fn try_acquire_lease(&self, lease: &Lease, now: &str) -> Result<Lease, StoreError> {
+        let result = self.try_acquire_lease_uncached(lease, now).await;
+        self.leases.forget(&lease.run_id);
+        result
+    }
+
+    async fn try_acquire_lease_uncached(
+        &self,
+        lease: &Lease,
+        now: &str,
+    ) -> Result<Lease, StoreError> {
         // Insert (or take over an expired lease) in one statement; when a live lease keeps the
         // run, answer it. A lease released between the two is retried, never an error.
         for _ in 0..8 {
@@ -1021,6 +1054,7 @@ impl Store {
             .bind(now)
             .fetch_optional(&self.pool)
             .await?;
+            self.leases.forget(&lease.run_id);
             if granted.as_deref() == Some(lease.lease_id.as_str()) {
                 return Ok(lease.clone());
             }
@@ -1032,6 +1066,10 @@ impl Store {
     }
 
     pub async fn get_lease(&self, run_id: &str) -> Result<Option<Lease>, StoreError> {
+        let since = match self.leases.get(run_id) {
+            Ok(cached) => return Ok(cached),
+            Err(since) => since,
+        };
         let sql = format!(
             "SELECT {} FROM leases WHERE run_id = $1",
             Self::LEASE_COLUMNS
@@ -1040,7 +1078,9 @@ impl Store {
             .bind(run_id)
             .fetch_optional(&self.pool)
             .await?;
-        row.as_ref().map(Self::lease_from_row).transpose()
+        let lease = row.as_ref().map(Self::lease_from_row).transpose()?;
+        self.leases.fill(run_id, lease.clone(), since);
+        Ok(lease)
     }
 
     fn lease_from_row(row: &AnyRow) -> Result<Lease, StoreError> {
@@ -1063,8 +1103,9 @@ impl Store {
         .bind(run_id)
         .bind(lease_id)
         .execute(&self.pool)
-        .await?;
-        Ok(result.rows_affected() == 1)
+        .await;
+        self.leases.forget(run_id);
+        Ok(result?.rows_affected() == 1)
     }
 
     /// Ends a lease held under `lease_id`; `false` when it was not held.
@@ -1073,12 +1114,19 @@ impl Store {
             .bind(run_id)
             .bind(lease_id)
             .execute(&self.pool)
-            .await?;
-        Ok(result.rows_affected() == 1)
+            .await;
+        self.leases.forget(run_id);
+        Ok(result?.rows_affected() == 1)
     }
 
     /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
     pub async fn replace_lease(&self, lease: &Lease) -> Result<Option<Lease>, StoreError> {
+        let result = self.replace_lease_uncached(lease).await;
+        self.leases.forget(&lease.run_id);
+        result
+    }
+
+    async fn replace_lease_uncached(&self, lease: &Lease) -> Result<Option<Lease>, StoreError> {
         // Write first (see `upsert_run`): the delete returns the lease it ended.
         let mut tx = self.pool.begin().await?;
         let sql = format!(
@@ -1184,8 +1232,9 @@ impl Store {
         .bind(lease_id)
         .bind(now)
         .execute(&self.pool)
-        .await?;
-        Ok(result.rows_affected() == 1)
+        .await;
+        self.leases.forget(run_id);
+        Ok(result?.rows_affected() == 1)
     }
 
     /// Leases a replica holds that expired at `now` (the sweeper releases their locks).

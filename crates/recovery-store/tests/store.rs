@@ -767,3 +767,136 @@ async fn drift_rows_of_an_older_release_survive_the_time_ordered_tables() {
     }
     database.drop_database().await;
 }
+
+/// On SQLite the store answers a run's record and lease from memory once read (see
+/// `rowcache.rs`); whatever concurrent writers do, those answers are what the database holds,
+/// as a second store on the same file (nothing cached) reads it.
+#[tokio::test]
+async fn cached_runs_and_leases_are_what_the_database_holds_after_concurrent_writes() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite://{}", dir.path().join("store.db").display());
+    let store = Arc::new(Store::connect(&url).await.expect("sqlite"));
+    let barrier = Arc::new(tokio::sync::Barrier::new(48));
+    let mut tasks = Vec::new();
+    for i in 0..48u32 {
+        let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let run_id = format!("r{}", i % 4);
+            for round in 0..20u32 {
+                // Readers fill the cache while the others write.
+                store.get_run(&run_id).await.expect("get run");
+                store.get_lease(&run_id).await.expect("get lease");
+                match (i + round) % 4 {
+                    // Runs recorded again at one of two outputs: each record supersedes
+                    // whichever run held that output.
+                    0 => {
+                        let output = format!("/data/{}.jsonl", round % 2);
+                        let mut record = run(&run_id, &output, round % 60);
+                        record.config_digest = format!("c{i}-{round}");
+                        store.upsert_run(&record).await.expect("upsert");
+                    }
+                    1 => {
+                        let mut mine = lease(&format!("l{i}-{round}"), "collector", 59);
+                        mine.run_id = run_id.clone();
+                        store
+                            .try_acquire_lease(&mine, &time(round % 60))
+                            .await
+                            .expect("acquire");
+                    }
+                    2 => {
+                        if let Some(held) = store.get_lease(&run_id).await.expect("get") {
+                            store
+                                .renew_lease(&run_id, &held.lease_id, &time(1), &time(58))
+                                .await
+                                .expect("renew");
+                        }
+                    }
+                    _ => {
+                        if let Some(held) = store.get_lease(&run_id).await.expect("get") {
+                            store
+                                .release_lease(&run_id, &held.lease_id)
+                                .await
+                                .expect("release");
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    // Each comparison opens a new store: its cache is empty, so it reads the database.
+    let agree = |when: &'static str| {
+        let (store, url) = (Arc::clone(&store), url.clone());
+        async move {
+            let fresh = Store::connect(&url).await.expect("second store");
+            for n in 0..4 {
+                let run_id = format!("r{n}");
+                let cached_run = store.get_run(&run_id).await.expect("cached run");
+                assert!(cached_run.is_some(), "{run_id} was recorded");
+                assert_eq!(
+                    cached_run,
+                    fresh.get_run(&run_id).await.expect("fresh run"),
+                    "{when}: {run_id}: the cached record is the database's"
+                );
+                assert_eq!(
+                    store.get_lease(&run_id).await.expect("cached lease"),
+                    fresh.get_lease(&run_id).await.expect("fresh lease"),
+                    "{when}: {run_id}: the cached lease is the database's"
+                );
+            }
+            fresh.close().await;
+        }
+    };
+    agree("after the concurrent writes").await;
+    // Then each kind of write once, every row cached before it: a takeover (r0 is held
+    // after it, whatever the writes above left), a renewal, an adoption, a release, an
+    // acquire of the free run.
+    let mut taken = lease("takeover", "operator", 59);
+    taken.run_id = "r0".into();
+    store.replace_lease(&taken).await.expect("takeover");
+    agree("after a takeover").await;
+    assert!(
+        store
+            .renew_lease("r0", "takeover", &time(3), &time(57))
+            .await
+            .expect("renew")
+    );
+    agree("after a renewal").await;
+    assert!(
+        store
+            .adopt_lease("r0", "takeover", "replica-b", &time(4))
+            .await
+            .expect("adopt")
+    );
+    agree("after an adoption").await;
+    assert!(
+        store
+            .release_lease("r0", "takeover")
+            .await
+            .expect("release")
+    );
+    agree("after a release").await;
+    taken.lease_id = "acquired".into();
+    let holder = store
+        .try_acquire_lease(&taken, &time(5))
+        .await
+        .expect("acquire");
+    assert_eq!(holder.lease_id, "acquired", "the released run is free");
+    agree("after an acquire").await;
+    // r1 takes the output r0 holds: r0's record changes too (superseded).
+    let output = store
+        .get_run("r0")
+        .await
+        .expect("get")
+        .expect("r0")
+        .output_path;
+    store
+        .upsert_run(&run("r1", &output, 59))
+        .await
+        .expect("supersede");
+    agree("after a run superseded another").await;
+    store.close().await;
+}
