@@ -105,6 +105,22 @@ fn main() {
         summary.coverage.successful
     };
     let mut scored = 0;
+    // `BENCH_PROFILE_COLD=N`: only N cold plans (to profile them), no table.
+    if let Some(runs) = std::env::var("BENCH_PROFILE_COLD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        let cold = best_of(runs, || {
+            PlanCache::default()
+                .with_plan(&paths, 3, answer)
+                .expect("plan");
+        });
+        println!(
+            "plan, cold: best of {runs}: {:.1} ms",
+            cold.as_secs_f64() * 1e3
+        );
+        return;
+    }
     let cold = best_of(3, || {
         scored = PlanCache::default()
             .with_plan(&paths, 3, answer)

@@ -51,7 +51,11 @@
 //!   cores with the server, so the hello-world row's value is this machine's floor;
 //! - `rss idle/peak/aft`: the server's VmRSS in MB before the load, the largest sampled (every
 //!   100 ms) during it, and one second after it;
-//! - `x hello`: req/s divided by the hello-world peer's req/s (measured with `LOAD_CONNS`).
+//! - `x hello`: req/s divided by the hello-world peer's req/s (measured with `LOAD_CONNS`);
+//! - `cpu us/ok`: the server process's CPU time (user + system, from `/proc/PID/stat`, 10 ms
+//!   ticks) over the load divided by its successful answers, and then `x hello`: that divided by
+//!   the hello-world peer's. On a machine whose neighbours take cores now and then, req/s moves
+//!   with them while the CPU per answer stays put: it is the number to compare across runs.
 //!
 //! Scenario-specific numbers (set-up timings, fsync rate and ratio, reindex lines/s, MB/s, plan
 //! timings, journal line counts, WARN/ERROR lines the service logged) are notes under the table.
@@ -181,6 +185,7 @@ async fn run(settings: Settings, selected: Vec<&str>) {
             let load = Load::new("hello-world (axum)", &settings, settings.conns);
             let result = run_load(&load, &hello.url, Some(hello.pid()), make, &settings).await;
             report.hello_rps = Some(result.rps());
+            report.hello_cpu_per_ok = result.cpu_per_ok();
             result.print();
             report.rows.push(result);
             hello.stop();
@@ -227,6 +232,7 @@ async fn run(settings: Settings, selected: Vec<&str>) {
 #[derive(Debug, Default)]
 struct Report {
     hello_rps: Option<f64>,
+    hello_cpu_per_ok: Option<f64>,
     rows: Vec<LoadResult>,
     notes: Vec<String>,
 }
@@ -253,7 +259,7 @@ impl Report {
     fn print(&self) {
         println!("\n== summary");
         println!(
-            "{:<26} {:>5} {:>6} {:>9} {:>9} {:>9} {:>13} {:>8} {:>17} {:>8}",
+            "{:<26} {:>5} {:>6} {:>9} {:>9} {:>9} {:>13} {:>8} {:>17} {:>8} {:>9} {:>8}",
             "scenario",
             "conns",
             "secs",
@@ -263,6 +269,8 @@ impl Report {
             "errors(t/o)",
             "hz p99",
             "rss idle/peak/aft",
+            "x hello",
+            "cpu us/ok",
             "x hello"
         );
         for row in &self.rows {
@@ -280,8 +288,14 @@ impl Report {
             let p50 = ms(percentile(&row.latencies_us, 0.50));
             let p99 = ms(percentile(&row.latencies_us, 0.99));
             let health = ms(percentile(&row.health_us, 0.99));
+            let cpu_per_ok = cpu(row.cpu_per_ok());
+            // How many times the hello-world peer's CPU one answer costs.
+            let cpu_ratio = match (row.cpu_per_ok(), self.hello_cpu_per_ok) {
+                (Some(row), Some(hello)) if hello > 0.0 => format!("{:.1}", row / hello),
+                _ => "-".into(),
+            };
             println!(
-                "{:<26} {:>5} {:>6.1} {:>9.1} {p50:>9} {p99:>9} {errors:>13} {health:>8} {rss:>17} {ratio:>8}",
+                "{:<26} {:>5} {:>6.1} {:>9.1} {p50:>9} {p99:>9} {errors:>13} {health:>8} {rss:>17} {ratio:>8} {cpu_per_ok:>9} {cpu_ratio:>8}",
                 row.name,
                 row.conns,
                 row.elapsed,
@@ -314,6 +328,20 @@ fn mb(kb: Option<u64>) -> String {
 }
 
 // --- processes --------------------------------------------------------------------------------
+
+/// CPU time (user + system) of process `pid` so far, in microseconds (`/proc/PID/stat` fields
+/// 14 and 15, in clock ticks of 10 ms).
+fn cpu_us(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: fields are counted after its `)`.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some((ticks(11)? + ticks(12)?) * 10_000)
+}
+
+fn cpu(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".into(), |us| format!("{us:.0}"))
+}
 
 fn rss_kb(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -642,6 +670,8 @@ struct LoadResult {
     rss_idle_kb: Option<u64>,
     rss_peak_kb: Option<u64>,
     rss_after_kb: Option<u64>,
+    /// The server's CPU time (user + system) over the load, in microseconds.
+    cpu_us: Option<u64>,
     aborted: Option<String>,
 }
 
@@ -654,10 +684,19 @@ impl LoadResult {
         }
     }
 
+    /// The server's CPU microseconds per successful answer: steadier than req/s on a machine
+    /// whose neighbours take cores now and then.
+    fn cpu_per_ok(&self) -> Option<f64> {
+        self.cpu_us
+            .filter(|_| self.ok > 0)
+            .map(|us| us as f64 / self.ok as f64)
+    }
+
     fn print(&self) {
         println!(
             "  {}: {} ok in {:.1} s = {:.1} req/s, p50 {} ms, p99 {} ms, errors {} (timeouts {}), \
-             /healthz p99 {} ms over {} probes ({} failed), RSS idle/peak/after {}/{}/{} MB",
+             /healthz p99 {} ms over {} probes ({} failed), RSS idle/peak/after {}/{}/{} MB, \
+             server CPU {} us per answer",
             self.name,
             self.ok,
             self.elapsed,
@@ -672,6 +711,7 @@ impl LoadResult {
             mb(self.rss_idle_kb),
             mb(self.rss_peak_kb),
             mb(self.rss_after_kb),
+            cpu(self.cpu_per_ok()),
         );
         for sample in &self.samples {
             println!("    error sample: {sample}");
@@ -707,6 +747,7 @@ async fn run_load(
     settings: &Settings,
 ) -> LoadResult {
     let rss_idle_kb = pid.and_then(rss_kb);
+    let cpu_before = pid.and_then(cpu_us);
     let stop = Arc::new(AtomicBool::new(false));
     let abort = Arc::new(std::sync::Mutex::new(None::<String>));
     let monitor = {
@@ -804,6 +845,9 @@ async fn run_load(
         }
     }
     result.elapsed = start.elapsed().as_secs_f64();
+    result.cpu_us = cpu_before
+        .zip(pid.and_then(cpu_us))
+        .map(|(before, after)| after.saturating_sub(before));
     stop.store(true, Ordering::Relaxed);
     match monitor.join() {
         Ok(sampled) => {
