@@ -868,33 +868,41 @@ fn write_escaped(s: &[u8], out: &mut Vec<u8>) {
 /// Refuses text nested deeper than [`MAX_DEPTH`] before any parser recurses into it: one pass
 /// over the bytes counting brackets outside strings (a string's `\"` never ends it). Text that
 /// is not JSON passes here and is refused by the parser that follows, with its own message.
+/// Strings, most of a row's bytes, are skipped with `memchr` to their next quote or backslash.
 pub fn check_depth(text: &[u8]) -> Result<(), CanonicalError> {
     let mut depth = 0usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for (offset, &byte) in text.iter().enumerate() {
-        if in_string {
-            match (escaped, byte) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
+    let mut at = 0;
+    while let Some(&byte) = text.get(at) {
         match byte {
-            b'"' => in_string = true,
+            b'"' => match string_end(text, at + 1) {
+                Some(end) => at = end,
+                // Unterminated: nothing after it counts.
+                None => return Ok(()),
+            },
             b'[' | b'{' => {
                 depth += 1;
                 if depth > MAX_DEPTH {
-                    return Err(CanonicalError::TooDeep { offset });
+                    return Err(CanonicalError::TooDeep { offset: at });
                 }
             }
             b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        at += 1;
     }
     Ok(())
+}
+
+/// The offset of the quote that ends the string whose text starts at `from` (a backslash
+/// escapes the byte after it, whatever it is).
+fn string_end(text: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let found = from + memchr::memchr2(b'"', b'\\', text.get(from..)?)?;
+        if text[found] == b'"' {
+            return Some(found);
+        }
+        from = found + 2;
+    }
 }
 
 /// Parses JSON text into a [`Value`] accepting what CPython's `json.loads` accepts within the

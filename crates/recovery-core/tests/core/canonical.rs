@@ -285,3 +285,71 @@ fn short_decimal_floats_take_the_fast_path_and_still_match_cpython() {
         }
     }
 }
+
+/// The depth check as first written, one byte at a time: the oracle of the `memchr` one.
+fn depth_check_byte_by_byte(text: &[u8]) -> Result<(), String> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (offset, &byte) in text.iter().enumerate() {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > recovery_core::canonical::MAX_DEPTH {
+                    return Err(format!("too deep at byte {offset}"));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #[test]
+    fn the_depth_check_refuses_exactly_what_a_byte_by_byte_scan_refuses(
+        // Mostly openers, so that some texts pass the limit, with strings and escapes between.
+        bytes in prop::collection::vec(prop_oneof![
+            6 => Just(b'['), 3 => Just(b'{'), 2 => Just(b']'), 1 => Just(b'}'),
+            2 => Just(b'"'), 2 => Just(b'\\'), 2 => Just(b'a'),
+        ], 0..1400)
+    ) {
+        let fast = recovery_core::canonical::check_depth(&bytes).map_err(|e| match e {
+            recovery_core::canonical::CanonicalError::TooDeep { offset } => format!("too deep at byte {offset}"),
+            other => other.to_string(),
+        });
+        prop_assert_eq!(fast, depth_check_byte_by_byte(&bytes));
+    }
+}
+
+#[test]
+fn the_depth_check_counts_brackets_only_outside_strings() {
+    let deep = "[".repeat(recovery_core::canonical::MAX_DEPTH + 1);
+    for (text, refused) in [
+        (deep.clone(), true),
+        (format!("\"{deep}\""), false),
+        (format!("\"\\\"{deep}\""), false),
+        (format!("\"\\\\\"{deep}"), true),
+        (format!("\"unterminated {deep}"), false),
+    ] {
+        assert_eq!(
+            recovery_core::canonical::check_depth(text.as_bytes()).is_err(),
+            refused,
+            "{text:.40}"
+        );
+        assert_eq!(
+            depth_check_byte_by_byte(text.as_bytes()).is_err(),
+            refused,
+            "oracle: {text:.40}"
+        );
+    }
+}
