@@ -89,7 +89,7 @@ impl GroupJournals {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // The leader's guard goes with the write: a leader whose caller goes away keeps the
         // journal until its batch is written.
-        tokio::task::spawn_blocking(move || {
+        crate::background::spawn(move || {
             write_batch(&target, batch);
             drop(leader);
         })

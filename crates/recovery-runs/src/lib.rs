@@ -5,6 +5,7 @@
 //! writes, also with lines Python collectors wrote. Leases are the database's record of who holds
 //! a run, backed by the run's `flock` held by this process.
 //!
+//! - [`background`]: blocking work at a lower priority than the async workers.
 //! - [`cache`]: derived state of files cached by file identity (a warm validate reads nothing).
 //! - [`events`]: the sidecar lines (drift journal, approvals, attempt extensions, resubmits).
 //! - [`groupcommit`]: journal appends of concurrent callers in one write and one fdatasync.
@@ -16,6 +17,7 @@
 //! - [`runfiles`]: reading a run's files into the core's inputs.
 //! - [`runlock`]: the per-run critical section ([`LockedRun`]) every mutation happens in.
 
+pub mod background;
 pub mod cache;
 pub mod clock;
 pub mod events;

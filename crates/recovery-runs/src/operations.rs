@@ -83,7 +83,7 @@ pub enum OpError {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, OpError> + Send + 'static,
 ) -> Result<T, OpError> {
-    tokio::task::spawn_blocking(work)
+    crate::background::spawn(work)
         .await
         .map_err(|e| OpError::Join(e.to_string()))?
 }

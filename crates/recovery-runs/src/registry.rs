@@ -107,7 +107,7 @@ pub struct Registry {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, RegistryError> + Send + 'static,
 ) -> Result<T, RegistryError> {
-    tokio::task::spawn_blocking(work)
+    crate::background::spawn(work)
         .await
         .map_err(|e| RegistryError::Join(e.to_string()))?
 }

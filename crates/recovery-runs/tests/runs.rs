@@ -986,3 +986,28 @@ async fn a_revocation_the_database_never_heard_of_is_taken_from_the_journal_by_r
         "idempotent"
     );
 }
+
+/// Blocking work runs below the async workers' priority (so a worker answering `/healthz`
+/// preempts it), and lowering it never lowers a worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_work_runs_at_a_lower_priority_than_the_async_workers() {
+    let nice =
+        || rustix::process::getpriority_process(Some(rustix::thread::gettid())).expect("nice");
+    let worker_before = nice();
+    for _ in 0..8 {
+        let blocking = recovery_runs::background::spawn(nice)
+            .await
+            .expect("blocking work");
+        assert_eq!(
+            blocking,
+            (worker_before + 5).min(19),
+            "a blocking thread runs at +5"
+        );
+    }
+    let on_worker = tokio::spawn(async move { nice() }).await.expect("worker");
+    assert_eq!(nice(), worker_before, "this worker kept its priority");
+    assert_eq!(
+        on_worker, worker_before,
+        "the other worker kept its priority"
+    );
+}

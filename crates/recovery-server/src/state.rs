@@ -230,7 +230,7 @@ impl AppState {
         &self,
         work: impl FnOnce() -> ApiResult<T> + Send + 'static,
     ) -> ApiResult<T> {
-        tokio::task::spawn_blocking(work)
+        recovery_runs::background::spawn(work)
             .await
             .map_err(|e| ApiError::internal("background file work", e))?
     }
