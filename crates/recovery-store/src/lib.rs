@@ -6,16 +6,18 @@
 //! line, so inserts are idempotent (`ON CONFLICT DO NOTHING`) and a reindex can replay sidecars
 //! any number of times without duplicates; drift rows hold keys and digests, never values; times
 //! are fixed-width RFC 3339 UTC text, so text order is time order on both backends; queries are
-//! runtime queries with `$N` placeholders, which both drivers accept. On SQLite, a database one
-//! service process owns, a run's record and its lease are answered from memory once read, and
-//! forgotten by every write of them (`rowcache.rs`).
+//! runtime queries with `$N` placeholders, which both drivers accept. An SQLite file belongs to
+//! one service process, which holds its lock (`owner.rs`: another process is refused); there a
+//! run's record and its lease are answered from memory once read, and forgotten by every write
+//! of them (`rowcache.rs`).
 
+mod owner;
 mod records;
 mod rowcache;
 
 pub use records::*;
 
-use rowcache::RowCache;
+use owner::Owner;
 
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::pool::PoolConnection;
@@ -43,6 +45,17 @@ pub enum StoreError {
     Json(#[from] serde_json::Error),
     #[error("the store is closed")]
     Closed,
+    /// Another process serves this SQLite file (several replicas need PostgreSQL).
+    #[error(
+        "another service process uses this SQLite database (it holds {0}): one process per SQLite file; several replicas need a postgres:// database"
+    )]
+    InUse(String),
+    #[error("cannot take the SQLite database's lock {path}: {source}")]
+    Lock {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// A group commit this caller's rows were part of failed.
     #[error("database error: {0}")]
     Grouped(String),
@@ -61,9 +74,8 @@ pub struct Store {
     advisory_slots: Arc<Semaphore>,
     /// Event rows of concurrent callers, committed together.
     group: Arc<Group>,
-    /// Runs and leases by run id, on SQLite only (see [`rowcache`]).
-    runs: Arc<RowCache<RunRecord>>,
-    leases: Arc<RowCache<Lease>>,
+    /// The database's owner in this process: its lock and row caches (see [`owner`]).
+    owner: Arc<Owner>,
 }
 
 /// An event row written through the group commit ([`Store::insert_grouped`]).
@@ -303,6 +315,11 @@ impl Store {
             }
             _ => url.to_owned(),
         };
+        // Before anything is migrated or written: the file's one service process.
+        let owner = match backend {
+            Backend::Sqlite => Owner::of_sqlite(&url)?,
+            Backend::Postgres => Owner::uncached(),
+        };
         let connections = match backend {
             Backend::Sqlite => SQLITE_CONNECTIONS,
             Backend::Postgres => POSTGRES_CONNECTIONS,
@@ -346,8 +363,7 @@ impl Store {
             backend,
             advisory_slots: Arc::new(Semaphore::new(connections as usize / 2)),
             group: Arc::default(),
-            runs: Arc::new(RowCache::new(backend == Backend::Sqlite)),
-            leases: Arc::new(RowCache::new(backend == Backend::Sqlite)),
+            owner,
         })
     }
 
@@ -414,7 +430,7 @@ impl Store {
     pub async fn upsert_run(&self, run: &RunRecord) -> Result<Option<String>, StoreError> {
         let result = self.upsert_run_uncached(run).await;
         // Another run's record may have changed too (superseded).
-        self.runs.forget_all();
+        self.owner.runs.forget_all();
         result
     }
 
@@ -478,7 +494,7 @@ impl Store {
          identity_overridden, max_rollout_attempts, created_at, updated_at, superseded_by";
 
     pub async fn get_run(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
-        let since = match self.runs.get(run_id) {
+        let since = match self.owner.runs.get(run_id) {
             Ok(cached) => return Ok(cached),
             Err(since) => since,
         };
@@ -488,7 +504,7 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         let run = row.as_ref().map(Self::run_from_row).transpose()?;
-        self.runs.fill(run_id, run.clone(), since);
+        self.owner.runs.fill(run_id, run.clone(), since);
         Ok(run)
     }
 
@@ -1023,7 +1039,7 @@ impl Store {
     /// lease that holds afterwards, which is `lease` only when it was granted.
     pub async fn try_acquire_lease(&self, lease: &Lease, now: &str) -> Result<Lease, StoreError> {
         let result = self.try_acquire_lease_uncached(lease, now).await;
-        self.leases.forget(&lease.run_id);
+        self.owner.leases.forget(&lease.run_id);
         result
     }
 
@@ -1054,7 +1070,7 @@ impl Store {
             .bind(now)
             .fetch_optional(&self.pool)
             .await?;
-            self.leases.forget(&lease.run_id);
+            self.owner.leases.forget(&lease.run_id);
             if granted.as_deref() == Some(lease.lease_id.as_str()) {
                 return Ok(lease.clone());
             }
@@ -1066,7 +1082,7 @@ impl Store {
     }
 
     pub async fn get_lease(&self, run_id: &str) -> Result<Option<Lease>, StoreError> {
-        let since = match self.leases.get(run_id) {
+        let since = match self.owner.leases.get(run_id) {
             Ok(cached) => return Ok(cached),
             Err(since) => since,
         };
@@ -1079,7 +1095,7 @@ impl Store {
             .fetch_optional(&self.pool)
             .await?;
         let lease = row.as_ref().map(Self::lease_from_row).transpose()?;
-        self.leases.fill(run_id, lease.clone(), since);
+        self.owner.leases.fill(run_id, lease.clone(), since);
         Ok(lease)
     }
 
@@ -1104,7 +1120,7 @@ impl Store {
         .bind(lease_id)
         .execute(&self.pool)
         .await;
-        self.leases.forget(run_id);
+        self.owner.leases.forget(run_id);
         Ok(result?.rows_affected() == 1)
     }
 
@@ -1115,14 +1131,14 @@ impl Store {
             .bind(lease_id)
             .execute(&self.pool)
             .await;
-        self.leases.forget(run_id);
+        self.owner.leases.forget(run_id);
         Ok(result?.rows_affected() == 1)
     }
 
     /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
     pub async fn replace_lease(&self, lease: &Lease) -> Result<Option<Lease>, StoreError> {
         let result = self.replace_lease_uncached(lease).await;
-        self.leases.forget(&lease.run_id);
+        self.owner.leases.forget(&lease.run_id);
         result
     }
 
@@ -1233,7 +1249,7 @@ impl Store {
         .bind(now)
         .execute(&self.pool)
         .await;
-        self.leases.forget(run_id);
+        self.owner.leases.forget(run_id);
         Ok(result?.rows_affected() == 1)
     }
 

@@ -1,7 +1,7 @@
 //! Read-through caches of the rows every request looks up (a run's record, its lease), for a
-//! database this process alone writes: the embedded SQLite file belongs to one service process
-//! (its critical sections already rest on that: on SQLite no cross-process advisory lock is
-//! taken). On PostgreSQL, where replicas write the same rows, nothing is cached.
+//! database this process alone writes: an SQLite file belongs to one service process, which
+//! holds its lock (`owner.rs`), and the stores of the file within the process share one cache.
+//! On PostgreSQL, where replicas write the same rows, nothing is cached.
 //!
 //! Invariants:
 //! - every write of a cached table goes through a [`crate::Store`] method that calls

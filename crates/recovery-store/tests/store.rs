@@ -770,7 +770,7 @@ async fn drift_rows_of_an_older_release_survive_the_time_ordered_tables() {
 
 /// On SQLite the store answers a run's record and lease from memory once read (see
 /// `rowcache.rs`); whatever concurrent writers do, those answers are what the database holds,
-/// as a second store on the same file (nothing cached) reads it.
+/// as a plain connection to the file (no store, no cache) reads it.
 #[tokio::test]
 async fn cached_runs_and_leases_are_what_the_database_holds_after_concurrent_writes() {
     let dir = tempfile::tempdir().expect("dir");
@@ -827,27 +827,53 @@ async fn cached_runs_and_leases_are_what_the_database_holds_after_concurrent_wri
     for task in tasks {
         task.await.expect("task");
     }
-    // Each comparison opens a new store: its cache is empty, so it reads the database.
+    // Each comparison reads the file through a plain connection: no store, no cache.
     let agree = |when: &'static str| {
         let (store, url) = (Arc::clone(&store), url.clone());
         async move {
-            let fresh = Store::connect(&url).await.expect("second store");
+            let plain = sqlx::AnyPool::connect(&url)
+                .await
+                .expect("plain connection");
             for n in 0..4 {
                 let run_id = format!("r{n}");
-                let cached_run = store.get_run(&run_id).await.expect("cached run");
-                assert!(cached_run.is_some(), "{run_id} was recorded");
+                let cached = store.get_run(&run_id).await.expect("cached run").map(|r| {
+                    (
+                        r.run_id,
+                        r.output_path,
+                        r.config_digest,
+                        r.superseded_by,
+                        r.updated_at,
+                    )
+                });
+                let stored: Option<(String, String, String, Option<String>, String)> =
+                    sqlx::query_as(
+                        "SELECT run_id, output_path, config_digest, superseded_by, updated_at \
+                         FROM runs WHERE run_id = $1",
+                    )
+                    .bind(&run_id)
+                    .fetch_optional(&plain)
+                    .await
+                    .expect("stored run");
+                assert!(stored.is_some(), "{run_id} was recorded");
                 assert_eq!(
-                    cached_run,
-                    fresh.get_run(&run_id).await.expect("fresh run"),
+                    cached, stored,
                     "{when}: {run_id}: the cached record is the database's"
                 );
+                let stored: Option<Lease> = sqlx::query_as(
+                    "SELECT run_id, lease_id, holder, host, pid, acquired_at, renewed_at, expires_at, replica \
+                     FROM leases WHERE run_id = $1",
+                )
+                .bind(&run_id)
+                .fetch_optional(&plain)
+                .await
+                .expect("stored lease");
                 assert_eq!(
                     store.get_lease(&run_id).await.expect("cached lease"),
-                    fresh.get_lease(&run_id).await.expect("fresh lease"),
+                    stored,
                     "{when}: {run_id}: the cached lease is the database's"
                 );
             }
-            fresh.close().await;
+            plain.close().await;
         }
     };
     agree("after the concurrent writes").await;

@@ -3,7 +3,6 @@
 //! tools.
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -413,6 +412,74 @@ async fn serve_binds_a_host_name_and_logs_without_colours_to_a_file() {
     );
 }
 
+/// One service process per SQLite file: a second one on the same data directory is refused
+/// before it touches the database, and the first keeps serving; once the first stops, a new one
+/// starts.
+#[tokio::test]
+async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_keeps_serving() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let second = || {
+        Command::new(BIN)
+            .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
+            .arg(&data)
+            .arg("--root")
+            .arg(&root)
+            .env_remove("RR_TOKENS")
+            .env("RR_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve")
+    };
+    let first = Server::start(&data, &root);
+    let refused = second().wait_with_output().expect("second");
+    assert!(
+        !refused.status.success(),
+        "the second process must not start"
+    );
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("another service process uses this SQLite database")
+            && stderr.contains("postgres://"),
+        "the refusal says why and what to use instead: {stderr}"
+    );
+    let client = reqwest::Client::new();
+    let health = client
+        .get(format!("{}/healthz", first.url))
+        .send()
+        .await
+        .expect("healthz");
+    assert_eq!(health.status(), 200, "the first keeps serving");
+    assert!(first.terminate().success());
+    // The lock went with the first process: a new one starts (and is stopped here).
+    let mut third = second();
+    let mut stderr = third.stderr.take().expect("stderr");
+    let started = std::thread::spawn(move || {
+        let mut text = String::new();
+        let mut buffer = [0u8; 4096];
+        // The service logs its start; a refusal would end the stream instead.
+        while let Ok(n) = std::io::Read::read(&mut stderr, &mut buffer) {
+            if n == 0 {
+                break;
+            }
+            text.push_str(&String::from_utf8_lossy(&buffer[..n]));
+            if text.contains("rollout-recovery serving") {
+                break;
+            }
+        }
+        text
+    })
+    .join()
+    .expect("reader");
+    let _ = third.kill();
+    let _ = third.wait();
+    assert!(
+        started.contains("rollout-recovery serving"),
+        "a service starts once the first stopped: {started}"
+    );
+}
+
 #[tokio::test]
 async fn a_restart_keeps_live_leases_and_their_locks_whether_stopped_or_killed() {
     let dir = tempfile::tempdir().expect("dir");
@@ -502,94 +569,6 @@ async fn a_restart_keeps_live_leases_and_their_locks_whether_stopped_or_killed()
     .await;
     assert_eq!(status, 204, "the holder releases the run in the end");
     assert_eq!(probe(&lock), "acquired", "and the lock with it");
-}
-
-#[tokio::test]
-async fn two_service_processes_and_a_python_collector_contend_for_one_run() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (data, root, _) = prepare(dir.path());
-    let first = Server::start(&data, &root);
-    let second = Server::start(&data, &root);
-    let client = reqwest::Client::new();
-    let root = std::fs::canonicalize(&root).expect("root");
-    let run_id = create_run(&client, &first, &root, &root.join("exp/out.jsonl")).await;
-    let lease = |holder: &str| json!({"holder": holder, "host": "h", "pid": 1, "ttl_seconds": 60});
-    let (status, granted) = call(
-        &client,
-        &first,
-        reqwest::Method::POST,
-        &format!("/runs/{run_id}/lease"),
-        COLLECTOR,
-        Some(lease("collector-a")),
-    )
-    .await;
-    assert_eq!(status, 201, "{granted}");
-    let (status, refused) = call(
-        &client,
-        &second,
-        reqwest::Method::POST,
-        &format!("/runs/{run_id}/lease"),
-        COLLECTOR,
-        Some(lease("collector-b")),
-    )
-    .await;
-    assert_eq!(
-        (status, refused["code"].as_str()),
-        (423, Some("run_locked")),
-        "{refused}"
-    );
-    let (status, _) = call(
-        &client,
-        &first,
-        reqwest::Method::DELETE,
-        &format!("/runs/{run_id}/lease"),
-        COLLECTOR,
-        Some(json!({"lease_id": granted["lease_id"]})),
-    )
-    .await;
-    assert_eq!(status, 204);
-    // A Python collector holding the lock keeps both services out.
-    let lock = root.join("exp/out_run.lock");
-    let mut python = Command::new("python3")
-        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
-        .arg(&lock)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    BufReader::new(python.stdout.as_mut().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    let (status, refused) = call(
-        &client,
-        &second,
-        reqwest::Method::POST,
-        &format!("/runs/{run_id}/lease"),
-        COLLECTOR,
-        Some(lease("collector-b")),
-    )
-    .await;
-    assert_eq!(status, 423);
-    assert!(
-        refused["message"]
-            .as_str()
-            .expect("message")
-            .contains("Another collector owns this run"),
-        "{refused}"
-    );
-    drop(python.stdin.take());
-    python.wait().expect("python exits");
-    let (status, _) = call(
-        &client,
-        &second,
-        reqwest::Method::POST,
-        &format!("/runs/{run_id}/lease"),
-        COLLECTOR,
-        Some(lease("collector-b")),
-    )
-    .await;
-    assert_eq!(status, 201, "free once every other owner left");
 }
 
 fn shared(relative: &str) -> PathBuf {

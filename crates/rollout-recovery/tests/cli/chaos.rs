@@ -1539,6 +1539,113 @@ impl Drop for ScratchDatabase {
     }
 }
 
+#[tokio::test]
+async fn two_service_processes_and_a_python_collector_contend_for_one_run() {
+    // Two processes share a PostgreSQL database (one SQLite file serves one process).
+    let database = ScratchDatabase::create(&mut Rng::new(seed()));
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let env = |replica: &'static str| {
+        [
+            ("RR_DATABASE_URL", database.url.as_str()),
+            ("RR_REPLICA", replica),
+        ]
+    };
+    let start = |replica: &'static str| {
+        Server::start_with(
+            &dir.path().join(format!("data-{replica}")),
+            &root,
+            None,
+            &env(replica),
+            &dir.path().join(format!("{replica}.log")),
+        )
+    };
+    let first = start("a");
+    let second = start("b");
+    let client = reqwest::Client::new();
+    let root = std::fs::canonicalize(&root).expect("root");
+    let run_id = super::create_run(&client, &first, &root, &root.join("exp/out.jsonl")).await;
+    let lease = |holder: &str| json!({"holder": holder, "host": "h", "pid": 1, "ttl_seconds": 60});
+    let (status, granted) = super::call(
+        &client,
+        &first,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-a")),
+    )
+    .await;
+    assert_eq!(status, 201, "{granted}");
+    let (status, refused) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-b")),
+    )
+    .await;
+    assert_eq!(
+        (status, refused["code"].as_str()),
+        (423, Some("run_locked")),
+        "{refused}"
+    );
+    let (status, _) = super::call(
+        &client,
+        &first,
+        reqwest::Method::DELETE,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"lease_id": granted["lease_id"]})),
+    )
+    .await;
+    assert_eq!(status, 204);
+    // A Python collector holding the lock keeps both services out.
+    let lock = root.join("exp/out_run.lock");
+    let mut python = Command::new("python3")
+        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
+        .arg(&lock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(python.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    let (status, refused) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-b")),
+    )
+    .await;
+    assert_eq!(status, 423);
+    assert!(
+        refused["message"]
+            .as_str()
+            .expect("message")
+            .contains("Another collector owns this run"),
+        "{refused}"
+    );
+    drop(python.stdin.take());
+    python.wait().expect("python exits");
+    let (status, _) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(lease("collector-b")),
+    )
+    .await;
+    assert_eq!(status, 201, "free once every other owner left");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_service_processes_on_one_postgresql_database_hand_out_each_number_once() {
     let began = Instant::now();

@@ -1,0 +1,105 @@
+//! One service process per SQLite file. The process that opens an SQLite database takes an
+//! exclusive `flock` on `<database>-service.lock` beside it and keeps it while any store of that
+//! file is open in the process; another process is refused with [`StoreError::InUse`] instead of
+//! running a second, disagreeing authority over the same runs and leases (several replicas need
+//! PostgreSQL). Stores of one file within one process share one owner, hence one row cache
+//! ([`crate::rowcache`]), so what one of them writes the others never answer stale.
+
+use crate::StoreError;
+use crate::records::{Lease, RunRecord};
+use crate::rowcache::RowCache;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+/// What the stores of one database share in this process.
+#[derive(Debug)]
+pub(crate) struct Owner {
+    /// The `flock` of an SQLite file (released when the last store of it goes).
+    _lock: Option<fd_lock::RwLock<File>>,
+    pub(crate) runs: RowCache<RunRecord>,
+    pub(crate) leases: RowCache<Lease>,
+}
+
+impl Owner {
+    /// Nothing shared, nothing cached (PostgreSQL: replicas write the same rows).
+    pub(crate) fn uncached() -> Arc<Self> {
+        Arc::new(Self {
+            _lock: None,
+            runs: RowCache::new(false),
+            leases: RowCache::new(false),
+        })
+    }
+
+    /// The owner of the SQLite database at `url` in this process: the existing one, or a new
+    /// one once this process holds the file's lock.
+    pub(crate) fn of_sqlite(url: &str) -> Result<Arc<Self>, StoreError> {
+        let Some(lock_path) = lock_path(url) else {
+            // An in-memory database is this store's alone.
+            return Ok(Arc::new(Self::cached(None)));
+        };
+        static OWNERS: Mutex<Vec<(PathBuf, Weak<Owner>)>> = Mutex::new(Vec::new());
+        let mut owners = OWNERS.lock().unwrap_or_else(PoisonError::into_inner);
+        owners.retain(|(_, owner)| owner.strong_count() > 0);
+        if let Some(owner) = owners
+            .iter()
+            .find(|(path, _)| *path == lock_path)
+            .and_then(|(_, owner)| owner.upgrade())
+        {
+            return Ok(owner);
+        }
+        let owner = Arc::new(Self::cached(Some(take_lock(&lock_path)?)));
+        owners.push((lock_path, Arc::downgrade(&owner)));
+        Ok(owner)
+    }
+
+    fn cached(lock: Option<fd_lock::RwLock<File>>) -> Self {
+        Self {
+            _lock: lock,
+            runs: RowCache::new(true),
+            leases: RowCache::new(true),
+        }
+    }
+}
+
+/// `<database>-service.lock` beside the database file an `sqlite:` URL names (its directory
+/// resolved), `None` for an in-memory database.
+fn lock_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() || path == ":memory:" || url.contains("mode=memory") {
+        return None;
+    }
+    let path = Path::new(path);
+    let name = path.file_name()?.to_string_lossy().into_owned();
+    let directory = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(parent) => parent.canonicalize().unwrap_or_else(|_| parent.to_owned()),
+        None => std::env::current_dir().unwrap_or_default(),
+    };
+    Some(directory.join(format!("{name}-service.lock")))
+}
+
+fn take_lock(path: &Path) -> Result<fd_lock::RwLock<File>, StoreError> {
+    let io = |source| StoreError::Lock {
+        path: path.display().to_string(),
+        source,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .open(path)
+        .map_err(io)?;
+    let mut lock = fd_lock::RwLock::new(file);
+    match lock.try_write() {
+        // The guard would unlock when dropped; the lock lives as long as the file instead.
+        Ok(guard) => std::mem::forget(guard),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            return Err(StoreError::InUse(path.display().to_string()));
+        }
+        Err(e) => return Err(io(e)),
+    }
+    Ok(lock)
+}
