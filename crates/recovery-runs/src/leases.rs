@@ -308,8 +308,9 @@ impl Leases {
         &self,
         run_id: &str,
         lease_id: &str,
-        ttl: time::Duration,
+        ttl: impl Into<Option<time::Duration>>,
     ) -> Result<Lease, LeaseError> {
+        let ttl = ttl.into();
         let Some((held_id, run_lock)) = self.held_entry(run_id) else {
             return Err(not_holder(run_id, lease_id));
         };
@@ -318,6 +319,16 @@ impl Leases {
             return Err(not_holder(run_id, lease_id));
         }
         let now = self.clock.now();
+        // Without a lifetime the lease keeps the one it was granted (or last renewed) with.
+        let ttl = match ttl {
+            Some(ttl) => ttl,
+            None => self
+                .store
+                .get_lease(run_id)
+                .await?
+                .and_then(|lease| lifetime(&lease))
+                .ok_or_else(|| not_holder(run_id, lease_id))?,
+        };
         let renewed = self
             .store
             .renew_lease(
@@ -491,4 +502,12 @@ impl Leases {
             })
             .await
     }
+}
+
+/// How long a lease was granted (or last renewed) for: its expiry minus its renewal.
+fn lifetime(lease: &Lease) -> Option<time::Duration> {
+    let at = |text: &str| {
+        time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
+    };
+    Some(at(&lease.expires_at)? - at(&lease.renewed_at)?).filter(|d| d.is_positive())
 }

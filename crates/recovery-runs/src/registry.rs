@@ -278,6 +278,9 @@ impl Registry {
             context: "serialising a journal line".into(),
             source: e.into(),
         })?;
+        // A link or FIFO planted where the journal belongs is the run's files' problem (path
+        // refused), never the service's failure; nothing is appended.
+        SidecarPaths::check_journal(path)?;
         let offset = self
             .journals
             .append(path, bytes.clone())
@@ -429,6 +432,10 @@ impl Registry {
         let (results, results_offsets) =
             (paths.output.clone(), paths.resubmit_results_offset.clone());
         let (offset, line_number) = blocking(move || {
+            // Both journals are checked before either is written: a resubmit is both lines or
+            // neither.
+            SidecarPaths::check_journal(&results_offsets)?;
+            SidecarPaths::check_journal(&offsets)?;
             recovery_sidecar::prepare_append(&failures)
                 .map_err(io(format!("repairing {}", failures.display())))?;
             let count = read_lines(&failures)

@@ -52,15 +52,23 @@ pub fn check_run_files(paths: &SidecarPaths) -> Result<(), RunFilesError> {
         return Ok(());
     }
     let required = [&paths.output, &paths.failures, &paths.materialized];
-    // A FIFO, socket or directory where a run's file belongs is named as such (its readers
-    // would refuse it too), not as missing.
-    if let Some(odd) = required
-        .iter()
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| !m.is_file()))
-    {
+    // A link, FIFO, socket or directory where a run's file belongs is named as such (its
+    // readers refuse it too; a validation that reads only cached facts must as well), not as
+    // missing.
+    for path in required {
+        let Ok(found) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        let why = if found.file_type().is_symlink() {
+            "a symbolic link, which is never followed"
+        } else if !found.is_file() {
+            "not a regular file (a directory, FIFO, socket or device)"
+        } else {
+            continue;
+        };
         return Err(RunFilesError::Inconsistent(format!(
-            "Cannot resume: {} is not a regular file (a directory, FIFO, socket or device)",
-            odd.display()
+            "Cannot resume: {} is {why}",
+            path.display()
         )));
     }
     let missing: Vec<String> = required

@@ -56,9 +56,10 @@ impl RunLock {
                 .open(&path)
             {
                 Ok(file) => file,
-                // A link (ELOOP under O_NOFOLLOW). A socket, which open(2) refuses with ENXIO,
-                // stays an IO error: the service cannot open it at all.
-                Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                // A link (ELOOP under O_NOFOLLOW) or a directory (EISDIR: opened for writing).
+                // A socket, which open(2) refuses with ENXIO, stays an IO error: the service
+                // cannot open it at all.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::EISDIR)) => {
                     return Err(LockError::NotAFile(path));
                 }
                 Err(e) => return Err(io(e)),

@@ -56,6 +56,12 @@ pub enum PathError {
          FIFO, socket or device)"
     )]
     CompanionNotAFile { path: PathBuf, companion: PathBuf },
+    /// A run's journal is a link or no regular file: nothing is appended to it.
+    #[error(
+        "{0:?}: a run's journal must be a regular file (a symbolic link, FIFO, socket or \
+         directory is never written to); move it aside"
+    )]
+    JournalNotAFile(PathBuf),
     #[error("root {path:?} cannot be used: {source}")]
     BadRoot {
         path: PathBuf,
@@ -258,6 +264,16 @@ impl SidecarPaths {
             &self.replace_intent,
         ]
         .map(PathBuf::as_path)
+    }
+
+    /// Refuses a journal (an append-only companion) that is there but is a symbolic link or no
+    /// regular file, before a line is appended to it: one `lstat`. A journal that is not there
+    /// yet is created by its first append.
+    pub fn check_journal(path: &Path) -> Result<(), PathError> {
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if !m.is_file() => Err(PathError::JournalNotAFile(path.to_owned())),
+            _ => Ok(()),
+        }
     }
 
     /// Refuses a new run's output whose companions are there but are no regular files (a

@@ -26,6 +26,7 @@ pub struct AcquireRequest {
     pub pid: i64,
     /// Lease lifetime, renewed by heartbeat (default: the service's).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     /// Also lock this checkpoint directory (two outputs never share checkpoints).
     #[serde(default, deserialize_with = "crate::limits::opt_path")]
@@ -131,7 +132,9 @@ pub struct HeartbeatRequest {
     #[serde(deserialize_with = "crate::limits::id")]
     #[schema(max_length = 256)]
     pub lease_id: String,
+    /// New lifetime from now (default: the lifetime the lease was granted or last renewed with).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
 }
 
@@ -151,7 +154,11 @@ pub async fn heartbeat(
         .heartbeat(
             &run_id,
             &request.lease_id,
-            ttl(&state, request.ttl_seconds)?,
+            // None: the lifetime the lease has.
+            request
+                .ttl_seconds
+                .map(|seconds| ttl(&state, Some(seconds)))
+                .transpose()?,
         )
         .await?;
     Ok(Json(granted(&lease)))
@@ -232,6 +239,7 @@ pub struct TakeoverRequest {
     #[schema(minimum = 0)]
     pub pid: i64,
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     #[serde(deserialize_with = "crate::limits::text")]
     #[schema(max_length = 4096)]

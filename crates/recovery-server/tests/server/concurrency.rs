@@ -1153,12 +1153,12 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
     // A link or a FIFO planted where the run's lock file is: the lease is refused as a path
     // problem (422), never a lock to wait for nor the service's failure.
     let lock = dir.join("out_run.lock");
-    for planted in ["a link", "a FIFO"] {
+    for planted in ["a link", "a FIFO", "a directory"] {
         std::fs::rename(&lock, dir.join("out_run.lock.aside")).expect("aside");
-        if planted == "a link" {
-            std::os::unix::fs::symlink(&secret_file, &lock).expect("link");
-        } else {
-            mkfifo(&lock);
+        match planted {
+            "a link" => std::os::unix::fs::symlink(&secret_file, &lock).expect("link"),
+            "a FIFO" => mkfifo(&lock),
+            _ => std::fs::create_dir(&lock).expect("directory"),
         }
         let reply = app
             .call(
@@ -1175,7 +1175,11 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
             reply.body
         );
         assert_eq!(reply.body["code"], "path_refused", "{planted}");
-        std::fs::remove_file(&lock).expect("unlink");
+        if planted == "a directory" {
+            std::fs::remove_dir(&lock).expect("rmdir");
+        } else {
+            std::fs::remove_file(&lock).expect("unlink");
+        }
         std::fs::rename(dir.join("out_run.lock.aside"), &lock).expect("restore");
     }
     // A FIFO as a new run's output or companion is refused before anything is written.
@@ -1206,6 +1210,154 @@ async fn nothing_is_read_through_a_link_planted_beside_a_run_nor_from_a_fifo() {
             "{case}: nothing written"
         );
     }
+}
+
+/// A file's bytes when it is a regular file (a FIFO is never opened: it would wait).
+fn read_if_regular(path: &std::path::Path) -> Option<Vec<u8>> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)
+        .and_then(|_| std::fs::read(path).ok())
+}
+
+/// A link, FIFO or directory planted where a run's journal belongs: the write that would
+/// append to it is refused as a path problem (422 `path_refused`) before anything is written
+/// (a resubmit writes both of its journals or neither), nothing outside the roots changes, and
+/// the run is whole again once the journal is moved back.
+#[tokio::test]
+async fn a_journal_planted_as_a_link_fifo_or_directory_is_refused_before_anything_is_written() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let outside = tempfile::tempdir().expect("outside");
+    let target = outside.path().join("kept.jsonl");
+    std::fs::write(&target, "outside\n").expect("outside file");
+    let dir = app.root.join("exp");
+    let drifting = || app.validate_body(0.3, 8123);
+    let cases: [(&str, &str, Method, String, Value); 4] = [
+        (
+            "the drift journal",
+            "out_manifest_resume_drift.jsonl",
+            Method::POST,
+            format!("/runs/{run_id}/validate"),
+            drifting(),
+        ),
+        (
+            "the extension journal",
+            "out_attempt_extension.jsonl",
+            Method::POST,
+            format!("/runs/{run_id}/attempts/extend"),
+            json!({"extend_attempts": 1, "reason": "r"}),
+        ),
+        (
+            "the resubmit offsets",
+            "out_resubmit_offset",
+            Method::POST,
+            format!("/runs/{run_id}/attempts/resubmit"),
+            json!({"reason": "r"}),
+        ),
+        (
+            "the resubmit results offsets",
+            "out_resubmit_results_offset",
+            Method::POST,
+            format!("/runs/{run_id}/attempts/resubmit"),
+            json!({"reason": "r"}),
+        ),
+    ];
+    for (case, name, method, path, body) in cases {
+        let token = if path.ends_with("/validate") {
+            COLLECTOR
+        } else {
+            OPERATOR
+        };
+        for planted in ["a link", "a FIFO", "a directory"] {
+            let at = dir.join(name);
+            let aside = dir.join(format!("{name}.aside"));
+            let existed = std::fs::rename(&at, &aside).is_ok();
+            match planted {
+                "a link" => std::os::unix::fs::symlink(&target, &at).expect("link"),
+                "a FIFO" => mkfifo(&at),
+                _ => std::fs::create_dir(&at).expect("directory"),
+            }
+            let companions_before: Vec<_> = ["out_resubmit_offset", "out_resubmit_results_offset"]
+                .iter()
+                .map(|n| read_if_regular(&dir.join(n)))
+                .collect();
+            let reply = app
+                .call(method.clone(), &path, Some(token), Some(body.clone()))
+                .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{case} as {planted}: {}",
+                reply.body
+            );
+            assert_eq!(reply.body["code"], "path_refused", "{case} as {planted}");
+            assert!(
+                reply.body["message"]
+                    .as_str()
+                    .expect("message")
+                    .contains(name),
+                "{case}: the message names the file: {}",
+                reply.body
+            );
+            let companions_after: Vec<_> = ["out_resubmit_offset", "out_resubmit_results_offset"]
+                .iter()
+                .map(|n| read_if_regular(&dir.join(n)))
+                .collect();
+            assert_eq!(
+                companions_before, companions_after,
+                "{case} as {planted}: nothing written"
+            );
+            assert_eq!(
+                std::fs::read_to_string(&target).expect("outside"),
+                "outside\n"
+            );
+            if planted == "a directory" {
+                std::fs::remove_dir(&at).expect("rmdir");
+            } else {
+                std::fs::remove_file(&at).expect("unlink");
+            }
+            if existed {
+                std::fs::rename(&aside, &at).expect("restore");
+            }
+        }
+        let reply = app
+            .call(method.clone(), &path, Some(token), Some(body))
+            .await;
+        assert!(
+            reply.status.is_success(),
+            "{case}: the run is whole again: {}",
+            reply.body
+        );
+    }
+    // A validation answered from cached facts refuses a linked outcome file as the plan does.
+    let failures = dir.join("out_failures.jsonl");
+    std::fs::rename(&failures, dir.join("failures.aside")).expect("aside");
+    std::os::unix::fs::symlink(&target, &failures).expect("link");
+    for body in [app.validate_body(0.3, 8000), app.validate_body(0.3, 8124)] {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
+        assert_eq!(reply.body["code"], "run_files_invalid");
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .expect("message")
+                .contains("symbolic link"),
+            "{}",
+            reply.body
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("outside"),
+        "outside\n"
+    );
 }
 
 #[tokio::test]
@@ -1591,4 +1743,64 @@ async fn concurrent_unsafe_resumes_of_outcomes_without_a_manifest_import_them_on
     assert!(manifest.legacy_import && manifest.identity_overridden);
     assert_eq!(manifest.run_id, run_id);
     assert_eq!(manifest.next_attempt.get("1-0"), Some(&1));
+}
+
+/// A heartbeat without `ttl_seconds` keeps the lifetime the lease was granted with (a lease
+/// asked for 600 s is not cut to the service's default by its first heartbeat); one with
+/// `ttl_seconds` sets the new lifetime, which later heartbeats keep.
+#[tokio::test]
+async fn a_heartbeat_keeps_the_lifetime_the_lease_was_granted_with() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let lease_path = format!("/runs/{run_id}/lease");
+    let granted = app
+        .call(
+            Method::POST,
+            &lease_path,
+            Some(COLLECTOR),
+            Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let lease_id = granted.body["lease_id"].clone();
+    let expiry = |body: &Value| {
+        time::OffsetDateTime::parse(
+            body["expires_at"].as_str().expect("expires_at"),
+            &time::format_description::well_known::Rfc3339,
+        )
+        .expect("time")
+    };
+    let heartbeat_path = format!("{lease_path}/heartbeat");
+    let heartbeat = |ttl: Option<u64>| {
+        let mut body = json!({"lease_id": lease_id});
+        if let Some(ttl) = ttl {
+            body["ttl_seconds"] = json!(ttl);
+        }
+        app.call(Method::POST, &heartbeat_path, Some(COLLECTOR), Some(body))
+    };
+    for (ttl, lifetime) in [(None, 600), (Some(120), 120), (None, 120)] {
+        app.clock.advance(time::Duration::seconds(30));
+        let now = app.clock.now();
+        let renewed = heartbeat(ttl).await;
+        assert_eq!(renewed.status, StatusCode::OK, "{}", renewed.body);
+        // Stored times keep microseconds: the lifetime is whole seconds once rounded.
+        assert_eq!(
+            (expiry(&renewed.body) - now).as_seconds_f64().round() as i64,
+            lifetime,
+            "heartbeat with ttl_seconds {ttl:?}"
+        );
+    }
+    let refused = heartbeat(Some(0)).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .expect("message")
+            .contains("ttl_seconds")
+    );
 }
