@@ -61,6 +61,9 @@ enum Ending {
     Expired(Box<Lease>),
     /// Ours locally, but the database no longer records it: forgotten now.
     Gone,
+    /// Ours and live, but its lock file was removed or replaced (another process may lock the
+    /// new one): ended now, as its exclusion no longer holds.
+    Displaced,
 }
 
 #[derive(Debug)]
@@ -118,6 +121,11 @@ impl Leases {
         self.held()
             .get(run_id)
             .map(|h| (h.lease_id.clone(), h.run_lock.clone()))
+    }
+
+    /// Whether our lease's lock files on `run_id` are still the files it locked.
+    fn lock_in_place(&self, run_id: &str) -> bool {
+        self.held().get(run_id).is_none_or(|h| h.lock.is_in_place())
     }
 
     /// The `flock` a lease of ours holds on this run lock, if any.
@@ -380,7 +388,16 @@ impl Leases {
         };
         let now = self.clock.now_text();
         match self.store.get_lease(run_id).await? {
-            Some(lease) if lease.lease_id == lease_id && lease.expires_at > now => Ok(Ending::Live),
+            Some(lease) if lease.lease_id == lease_id && lease.expires_at > now => {
+                if self.lock_in_place(run_id) {
+                    return Ok(Ending::Live);
+                }
+                self.store.release_lease(run_id, &lease_id).await?;
+                self.forget(run_id, &lease_id);
+                self.audit("system", "lease.lock_displaced", run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid})).await?;
+                tracing::warn!(run_id, holder = %lease.holder, "the run's lock file was removed or replaced under a live lease; lease ended");
+                Ok(Ending::Displaced)
+            }
             Some(lease) if lease.lease_id == lease_id => {
                 self.store.release_lease(run_id, &lease_id).await?;
                 self.forget(run_id, &lease_id);

@@ -7,7 +7,7 @@
 
 use fd_lock::RwLock;
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a lock was not taken.
@@ -30,7 +30,8 @@ pub enum LockError {
 /// Held locks of one run; dropping releases them (closing the files releases the `flock`).
 #[derive(Debug)]
 pub struct RunLock {
-    held: Vec<(PathBuf, RwLock<File>)>,
+    /// Each lock file's path, its lock, and the (device, inode) of the file locked.
+    held: Vec<(PathBuf, RwLock<File>, (u64, u64))>,
 }
 
 impl RunLock {
@@ -64,9 +65,11 @@ impl RunLock {
                 }
                 Err(e) => return Err(io(e)),
             };
-            if !file.metadata().map_err(io)?.is_file() {
+            let metadata = file.metadata().map_err(io)?;
+            if !metadata.is_file() {
                 return Err(LockError::NotAFile(path));
             }
+            let identity = (metadata.dev(), metadata.ino());
             let mut lock = RwLock::new(file);
             match lock.try_write() {
                 // The guard would unlock on drop; the lock must live as long as the file instead.
@@ -76,7 +79,7 @@ impl RunLock {
                 }
                 Err(e) => return Err(io(e)),
             }
-            held.push((path, lock));
+            held.push((path, lock, identity));
         }
         Ok(Self { held })
     }
@@ -90,7 +93,17 @@ impl RunLock {
         Self::acquire(paths)
     }
 
+    /// Whether every lock file is still the file this lock holds: one removed (or replaced)
+    /// while held leaves the `flock` on a file nobody else opens, and a new file at the path
+    /// can be locked by another process. Two `lstat`s' worth of work per path.
+    pub fn is_in_place(&self) -> bool {
+        self.held.iter().all(|(path, _, (device, inode))| {
+            std::fs::symlink_metadata(path)
+                .is_ok_and(|m| m.is_file() && m.dev() == *device && m.ino() == *inode)
+        })
+    }
+
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
-        self.held.iter().map(|(p, _)| p.as_path())
+        self.held.iter().map(|(p, _, _)| p.as_path())
     }
 }

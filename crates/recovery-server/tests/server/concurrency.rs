@@ -1804,3 +1804,105 @@ async fn a_heartbeat_keeps_the_lifetime_the_lease_was_granted_with() {
             .contains("ttl_seconds")
     );
 }
+
+/// The run's lock file removed under a live lease and locked anew by another process (a Python
+/// collector here): the lease's exclusion no longer holds, so the lease ends (audited) the next
+/// time anyone looks; its holder's heartbeat is refused, nobody writes under it, and the run is
+/// the other process's until that process lets go.
+#[tokio::test]
+async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_run() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let lease_path = format!("/runs/{run_id}/lease");
+    let granted = app
+        .call(
+            Method::POST,
+            &lease_path,
+            Some(COLLECTOR),
+            Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let lease_id = granted.body["lease_id"].clone();
+    let lock = app.root.join("exp/out_run.lock");
+    std::fs::remove_file(&lock).expect("remove the lock file");
+    let mut python = std::process::Command::new("python3")
+        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
+        .arg(&lock)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(python.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert_eq!(
+        line.trim(),
+        "locked",
+        "the other process holds the new lock file"
+    );
+    let heartbeat = app
+        .call(
+            Method::POST,
+            &format!("{lease_path}/heartbeat"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease_id})),
+        )
+        .await;
+    assert_eq!(heartbeat.status, StatusCode::CONFLICT, "{}", heartbeat.body);
+    assert_eq!(heartbeat.body["code"], "lease_not_held");
+    let reserve = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease_id, "rollout_ids": ["0-0"]})),
+        )
+        .await;
+    assert!(
+        reserve.status == StatusCode::CONFLICT || reserve.status == StatusCode::LOCKED,
+        "nothing is reserved under the ended lease: {}",
+        reserve.body
+    );
+    let validate = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8125)),
+        )
+        .await;
+    assert_eq!(validate.status, StatusCode::LOCKED, "{}", validate.body);
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/audit?run_id={run_id}"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert!(
+        audit.body.to_string().contains("lease.lock_displaced"),
+        "{}",
+        audit.body
+    );
+    drop(python.stdin.take());
+    python.wait().expect("python exits");
+    let again = app
+        .call(
+            Method::POST,
+            &lease_path,
+            Some(COLLECTOR),
+            Some(json!({"holder": "c", "host": "h", "pid": 1})),
+        )
+        .await;
+    assert_eq!(
+        again.status,
+        StatusCode::CREATED,
+        "free once the other process let go: {}",
+        again.body
+    );
+}
