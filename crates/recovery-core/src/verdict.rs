@@ -238,6 +238,18 @@ pub fn validate_resume(
             unclassified.join(", ")
         ));
     }
+    // Why no key is named: the saved identity that would tell them is not usable.
+    if mismatches.contains(&Mismatch::ResolvedConfiguration) {
+        message.push_str(&format!(
+            " The changed keys cannot be named: the saved identity beside {} is {}.",
+            saved.manifest_path,
+            if saved.identity.is_some() {
+                "not the one the manifest's config_digest was taken from"
+            } else {
+                "missing or unreadable"
+            }
+        ));
+    }
     ResumeVerdict::Refused {
         message,
         mismatches,

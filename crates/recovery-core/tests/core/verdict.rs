@@ -384,6 +384,25 @@ fn a_saved_identity_that_is_not_the_digested_one_falls_back_to_digest_comparison
     ));
     assert_eq!(mismatches, vec![Mismatch::ResolvedConfiguration]);
     assert!(message.contains("incompatible resolved configuration"));
+    assert!(
+        message.contains("not the one the manifest's config_digest was taken from"),
+        "the message says why no key is named: {message}"
+    );
+    // No saved identity at all: the message says it is missing or unreadable.
+    f.saved.identity = None;
+    let changed = identity(
+        &json!({"num_repeats": 1, "responses_create_params": {"temperature": 0.3}, "request_timeout_s": 90}),
+        &global(0.0, 60, 1),
+    );
+    let (message, mismatches) = refused_message(validate_resume(
+        &f.saved,
+        Some(&current(changed)),
+        false,
+        &DriftPolicy::default(),
+    ));
+    assert_eq!(mismatches, vec![Mismatch::ResolvedConfiguration]);
+    assert!(message.starts_with("Cannot resume with incompatible resolved configuration."));
+    assert!(message.contains("is missing or unreadable"), "{message}");
 }
 
 #[test]
