@@ -372,16 +372,19 @@ fn scenario_45_semantic_drift_refuses_naming_the_semantic_keys() {
 fn a_saved_identity_that_is_not_the_digested_one_falls_back_to_digest_comparison() {
     let mut f = fixture(true);
     f.saved.identity = Some(json!({"collection": {}, "servers": {}, "token_id_capture": {}}));
-    let changed = identity(
-        &json!({"num_repeats": 1, "responses_create_params": {"temperature": 0.3}, "request_timeout_s": 90}),
-        &global(0.0, 60, 1),
-    );
-    let (message, mismatches) = refused_message(validate_resume(
-        &f.saved,
-        Some(&current(changed)),
-        false,
-        &DriftPolicy::default(),
-    ));
+    let refused = |saved: &SavedRun| {
+        let changed = identity(
+            &json!({"num_repeats": 1, "responses_create_params": {"temperature": 0.3}, "request_timeout_s": 90}),
+            &global(0.0, 60, 1),
+        );
+        refused_message(validate_resume(
+            saved,
+            Some(&current(changed)),
+            false,
+            &DriftPolicy::default(),
+        ))
+    };
+    let (message, mismatches) = refused(&f.saved);
     assert_eq!(mismatches, vec![Mismatch::ResolvedConfiguration]);
     assert!(message.contains("incompatible resolved configuration"));
     assert!(
@@ -390,16 +393,7 @@ fn a_saved_identity_that_is_not_the_digested_one_falls_back_to_digest_comparison
     );
     // No saved identity at all: the message says it is missing or unreadable.
     f.saved.identity = None;
-    let changed = identity(
-        &json!({"num_repeats": 1, "responses_create_params": {"temperature": 0.3}, "request_timeout_s": 90}),
-        &global(0.0, 60, 1),
-    );
-    let (message, mismatches) = refused_message(validate_resume(
-        &f.saved,
-        Some(&current(changed)),
-        false,
-        &DriftPolicy::default(),
-    ));
+    let (message, mismatches) = refused(&f.saved);
     assert_eq!(mismatches, vec![Mismatch::ResolvedConfiguration]);
     assert!(message.starts_with("Cannot resume with incompatible resolved configuration."));
     assert!(message.contains("is missing or unreadable"), "{message}");

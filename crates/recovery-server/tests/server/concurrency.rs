@@ -1745,6 +1745,20 @@ async fn concurrent_unsafe_resumes_of_outcomes_without_a_manifest_import_them_on
     assert_eq!(manifest.next_attempt.get("1-0"), Some(&1));
 }
 
+/// A lease of 600 s on the run; its id.
+async fn lease_for_ten_minutes(app: &TestApp, run_id: &str) -> Value {
+    let granted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    granted.body["lease_id"].clone()
+}
+
 /// A heartbeat without `ttl_seconds` keeps the lifetime the lease was granted with (a lease
 /// asked for 600 s is not cut to the service's default by its first heartbeat); one with
 /// `ttl_seconds` sets the new lifetime, which later heartbeats keep.
@@ -1753,16 +1767,7 @@ async fn a_heartbeat_keeps_the_lifetime_the_lease_was_granted_with() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
     let lease_path = format!("/runs/{run_id}/lease");
-    let granted = app
-        .call(
-            Method::POST,
-            &lease_path,
-            Some(COLLECTOR),
-            Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 600})),
-        )
-        .await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
-    let lease_id = granted.body["lease_id"].clone();
+    let lease_id = lease_for_ten_minutes(&app, &run_id).await;
     let expiry = |body: &Value| {
         time::OffsetDateTime::parse(
             body["expires_at"].as_str().expect("expires_at"),
@@ -1814,36 +1819,10 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
     let app = TestApp::new().await;
     let run_id = app.create().await;
     let lease_path = format!("/runs/{run_id}/lease");
-    let granted = app
-        .call(
-            Method::POST,
-            &lease_path,
-            Some(COLLECTOR),
-            Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 600})),
-        )
-        .await;
-    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
-    let lease_id = granted.body["lease_id"].clone();
+    let lease_id = lease_for_ten_minutes(&app, &run_id).await;
     let lock = app.root.join("exp/out_run.lock");
     std::fs::remove_file(&lock).expect("remove the lock file");
-    let mut python = std::process::Command::new("python3")
-        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
-        .arg(&lock)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(python.stdout.as_mut().expect("stdout")),
-        &mut line,
-    )
-    .expect("read");
-    assert_eq!(
-        line.trim(),
-        "locked",
-        "the other process holds the new lock file"
-    );
+    let python = PythonLock::hold(&lock);
     let heartbeat = app
         .call(
             Method::POST,
@@ -1889,8 +1868,7 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
         "{}",
         audit.body
     );
-    drop(python.stdin.take());
-    python.wait().expect("python exits");
+    drop(python);
     let again = app
         .call(
             Method::POST,
