@@ -16,7 +16,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use tokio::sync::oneshot;
 
-type Answer = oneshot::Sender<Result<u64, String>>;
+type Answer = oneshot::Sender<Result<u64, Failure>>;
+
+/// Why a batch was not written, as each of its callers is told.
+#[derive(Debug, Clone)]
+struct Failure {
+    message: String,
+    not_a_file: bool,
+}
 
 /// One journal's queue and its leader mutex.
 #[derive(Debug, Default)]
@@ -39,6 +46,9 @@ pub struct GroupJournals {
 pub struct AppendError {
     pub path: String,
     pub message: String,
+    /// Something other than a regular file is where the journal belongs (see
+    /// [`recovery_sidecar::is_not_a_regular_file`]): the run's files' problem, not the service's.
+    pub not_a_file: bool,
 }
 
 impl GroupJournals {
@@ -62,9 +72,14 @@ impl GroupJournals {
     /// with whatever other callers append at the same time; returns the byte offset it starts
     /// at. The caller holds the run's section (shared or exclusive).
     pub async fn append(&self, path: &Path, line: Vec<u8>) -> Result<u64, AppendError> {
-        let failed = |message: String| AppendError {
+        let failed = |failure: Failure| AppendError {
             path: path.display().to_string(),
+            message: failure.message,
+            not_a_file: failure.not_a_file,
+        };
+        let broken = |message: String| Failure {
             message,
+            not_a_file: false,
         };
         let journal = self.journal(path);
         let (answer, mut answered) = oneshot::channel();
@@ -94,23 +109,25 @@ impl GroupJournals {
             drop(leader);
         })
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| failed(broken(e.to_string())))?;
         answered
             .await
-            .map_err(|_| failed("the batch writer went away".into()))?
+            .map_err(|_| failed(broken("the batch writer went away".into())))?
             .map_err(failed)
     }
 }
 
 /// Writes a batch with one write and one fdatasync, and answers each line's caller.
 fn write_batch(path: &Path, batch: Vec<(Vec<u8>, Answer)>) {
-    let created = path
+    let lines: Vec<&[u8]> = batch.iter().map(|(line, _)| line.as_slice()).collect();
+    let written = path
         .parent()
         .map_or(Ok(()), std::fs::create_dir_all)
-        .map_err(|e| e.to_string());
-    let lines: Vec<&[u8]> = batch.iter().map(|(line, _)| line.as_slice()).collect();
-    let written = created
-        .and_then(|()| recovery_sidecar::append_lines_at(path, &lines).map_err(|e| e.to_string()));
+        .and_then(|()| recovery_sidecar::append_lines_at(path, &lines))
+        .map_err(|e| Failure {
+            message: e.to_string(),
+            not_a_file: recovery_sidecar::is_not_a_regular_file(&e),
+        });
     match written {
         Ok((_, offsets)) => {
             // Lines per fdatasync is what group commit buys: the two counters' ratio.
@@ -121,9 +138,9 @@ fn write_batch(path: &Path, batch: Vec<(Vec<u8>, Answer)>) {
                 let _ = answer.send(Ok(offset));
             }
         }
-        Err(message) => {
+        Err(failure) => {
             for (_, answer) in batch {
-                let _ = answer.send(Err(message.clone()));
+                let _ = answer.send(Err(failure.clone()));
             }
         }
     }

@@ -57,6 +57,22 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RegistryErro
     move |source| RegistryError::Io { context, source }
 }
 
+/// An append's failure: path refused when something other than a regular file is where the
+/// journal belongs (see [`recovery_sidecar::is_not_a_regular_file`]), else an IO error.
+fn journal_io(path: &Path) -> impl FnOnce(std::io::Error) -> RegistryError {
+    let path = path.to_owned();
+    move |source| {
+        if recovery_sidecar::is_not_a_regular_file(&source) {
+            PathError::JournalNotAFile(path).into()
+        } else {
+            RegistryError::Io {
+                context: format!("appending to {}", path.display()),
+                source,
+            }
+        }
+    }
+}
+
 /// What a reindex found and inserted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct ReindexReport {
@@ -278,16 +294,21 @@ impl Registry {
             context: "serialising a journal line".into(),
             source: e.into(),
         })?;
-        // A link or FIFO planted where the journal belongs is the run's files' problem (path
-        // refused), never the service's failure; nothing is appended.
-        SidecarPaths::check_journal(path)?;
+        // A link, FIFO or directory where the journal belongs is the run's files' problem
+        // (path refused), never the service's failure; the append refuses it before writing.
         let offset = self
             .journals
             .append(path, bytes.clone())
             .await
-            .map_err(|e| RegistryError::Io {
-                context: e.path,
-                source: std::io::Error::other(e.message),
+            .map_err(|e| {
+                if e.not_a_file {
+                    PathError::JournalNotAFile(path.to_owned()).into()
+                } else {
+                    RegistryError::Io {
+                        context: e.path,
+                        source: std::io::Error::other(e.message),
+                    }
+                }
             })?;
         Ok(line_id(run_id, journal, offset, &bytes))
     }
@@ -436,8 +457,7 @@ impl Registry {
             // neither.
             SidecarPaths::check_journal(&results_offsets)?;
             SidecarPaths::check_journal(&offsets)?;
-            recovery_sidecar::prepare_append(&failures)
-                .map_err(io(format!("repairing {}", failures.display())))?;
+            recovery_sidecar::prepare_append(&failures).map_err(journal_io(&failures))?;
             let count = read_lines(&failures)
                 .map_err(io(format!("reading {}", failures.display())))?
                 .len();
@@ -446,9 +466,8 @@ impl Registry {
                 .map_err(io(format!("reading {}", results.display())))?
                 .len();
             append_line(&results_offsets, results_count.to_string().as_bytes())
-                .map_err(io(format!("appending to {}", results_offsets.display())))?;
-            append_line(&offsets, count.to_string().as_bytes())
-                .map_err(io(format!("appending to {}", offsets.display())))?;
+                .map_err(journal_io(&results_offsets))?;
+            append_line(&offsets, count.to_string().as_bytes()).map_err(journal_io(&offsets))?;
             let line_number = read_lines(&offsets)
                 .map_err(io(format!("reading {}", offsets.display())))?
                 .len();

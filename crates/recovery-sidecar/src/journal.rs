@@ -21,6 +21,28 @@ pub enum TailRepair {
     Truncated(u64),
 }
 
+/// A journal path that holds a symbolic link, FIFO, socket or directory: never appended to.
+#[derive(Debug, thiserror::Error)]
+#[error("not a regular file (a symbolic link, FIFO, socket or directory is never appended to)")]
+pub struct NotARegularFile;
+
+fn not_a_regular_file() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidInput, NotARegularFile)
+}
+
+/// Whether an append failed because something other than a regular file is where the journal
+/// belongs: the type check after opening, or the open itself refused it (`ELOOP`: a link under
+/// `O_NOFOLLOW`; `EISDIR`: a directory; `ENXIO`: a FIFO without a reader, or a socket).
+pub fn is_not_a_regular_file(error: &std::io::Error) -> bool {
+    error
+        .get_ref()
+        .is_some_and(|inner| inner.is::<NotARegularFile>())
+        || matches!(
+            error.raw_os_error(),
+            Some(libc::ELOOP | libc::EISDIR | libc::ENXIO)
+        )
+}
+
 /// Repairs an unterminated tail (see the module invariants); `Clean` for a missing file.
 pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
     let mut file = match OpenOptions::new()
@@ -30,7 +52,7 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
         .open(path)
     {
         Ok(file) if !file.metadata()?.is_file() => {
-            return Err(std::io::Error::other("not a regular file"));
+            return Err(not_a_regular_file());
         }
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TailRepair::Clean),
@@ -111,7 +133,7 @@ pub fn append_lines_at(path: &Path, lines: &[&[u8]]) -> std::io::Result<(TailRep
         .open(path)?;
     let metadata = file.metadata()?;
     if !metadata.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+        return Err(not_a_regular_file());
     }
     let start = metadata.len();
     let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());

@@ -27,11 +27,26 @@ pub enum LockError {
     },
 }
 
-/// Held locks of one run; dropping releases them (closing the files releases the `flock`).
+/// Held locks of one run; dropping releases them (see the `Drop` impl).
 #[derive(Debug)]
 pub struct RunLock {
     /// Each lock file's path, its lock, and the (device, inode) of the file locked.
     held: Vec<(PathBuf, RwLock<File>, (u64, u64))>,
+}
+
+impl Drop for RunLock {
+    /// Unlocks each file before closing it. Closing alone releases a `flock` only once no other
+    /// descriptor shares the open file, and a process forked meanwhile (any thread of this
+    /// process spawning a program) holds a copy of every descriptor until it execs: the run
+    /// would stay locked against the next section for that long. Taking the guard again on a
+    /// lock this descriptor already holds is a no-op that succeeds; dropping it unlocks.
+    fn drop(&mut self) {
+        for (_, lock, _) in &mut self.held {
+            if let Ok(guard) = lock.try_write() {
+                drop(guard);
+            }
+        }
+    }
 }
 
 impl RunLock {
@@ -40,7 +55,10 @@ impl RunLock {
         let mut paths: Vec<PathBuf> = paths.into_iter().collect();
         paths.sort();
         paths.dedup();
-        let mut held = Vec::with_capacity(paths.len());
+        // Built up in place, so a lock refused midway releases the ones taken (by `Drop`).
+        let mut taken = Self {
+            held: Vec::with_capacity(paths.len()),
+        };
         for path in paths {
             let io = |source| LockError::Io {
                 path: path.clone(),
@@ -79,9 +97,9 @@ impl RunLock {
                 }
                 Err(e) => return Err(io(e)),
             }
-            held.push((path, lock, identity));
+            taken.held.push((path, lock, identity));
         }
-        Ok(Self { held })
+        Ok(taken)
     }
 
     /// The lock of one output (and optionally its checkpoint directory).

@@ -3,8 +3,8 @@
 
 use recovery_sidecar::journal::TailRepair;
 use recovery_sidecar::{
-    Confinement, LockError, PathError, RunLock, SidecarPaths, append_line, atomic_write,
-    prepare_append, read_lines,
+    Confinement, LockError, PathError, RunLock, SidecarPaths, append_line, append_lines_at,
+    atomic_write, is_not_a_regular_file, prepare_append, read_lines,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -239,6 +239,37 @@ fn journals_repair_torn_tails_and_never_rewrite_complete_lines() {
     );
 }
 
+#[test]
+fn an_append_where_a_link_fifo_or_directory_is_refuses_as_not_a_regular_file_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let target = dir.path().join("elsewhere.jsonl");
+    std::fs::write(&target, b"{\"kept\":1}\n").expect("target");
+    let link = dir.path().join("link_drift.jsonl");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let fifo = dir.path().join("fifo_drift.jsonl");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success(), "mkfifo");
+    let directory = dir.path().join("dir_drift.jsonl");
+    std::fs::create_dir(&directory).expect("directory");
+    for (kind, path) in [("link", &link), ("fifo", &fifo), ("directory", &directory)] {
+        let error =
+            append_lines_at(path, &[b"{\"a\":1}".as_slice()]).expect_err("never appended to");
+        assert!(
+            is_not_a_regular_file(&error),
+            "{kind}: {error} is told apart from an IO failure"
+        );
+    }
+    // An ordinary IO failure (the directory is gone) is not mistaken for one.
+    let orphan = dir.path().join("gone").join("orphan_drift.jsonl");
+    let error = append_lines_at(&orphan, &[b"{\"a\":2}".as_slice()]).expect_err("no directory");
+    assert!(!is_not_a_regular_file(&error), "{error} is an IO failure");
+    assert_eq!(
+        std::fs::read(&target).expect("target"),
+        b"{\"kept\":1}\n",
+        "nothing was written through the link"
+    );
+}
+
 /// Lock tests run one at a time: a process spawned by one test inherits, between its fork and
 /// its exec, the open lock files of another test's thread, and holds their `flock` meanwhile.
 fn serial_locks() -> std::sync::MutexGuard<'static, ()> {
@@ -282,6 +313,49 @@ fn a_run_lock_excludes_a_second_owner_until_released_and_follows_aliases() {
     assert!(
         RunLock::for_output(&dir.path().join("b_run.lock"), None).is_ok(),
         "a failed acquisition released what it took"
+    );
+}
+
+/// A forked process holds a copy of every descriptor until it execs or exits; a released run
+/// lock must be free at once all the same (a collector's judge spawned at the wrong moment
+/// never keeps the next section out).
+#[test]
+#[allow(unsafe_code)]
+fn a_released_lock_is_free_at_once_while_a_forked_child_still_holds_its_descriptor() {
+    use std::os::fd::AsRawFd;
+    let _serial = serial_locks();
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("out_run.lock");
+    let held = RunLock::acquire([path.clone()]).expect("first owner");
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    // SAFETY: the child calls only async-signal-safe functions (read, _exit) before it exits.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        // The child keeps its copies of the lock file's descriptor until the parent closes
+        // the pipe (its own copy of the write end closed first, or the read never ends).
+        let mut byte = 0u8;
+        unsafe {
+            libc::close(writer.as_raw_fd());
+            libc::read(
+                reader.as_raw_fd(),
+                (&raw mut byte).cast::<libc::c_void>(),
+                1,
+            );
+            libc::_exit(0);
+        }
+    }
+    drop(reader);
+    drop(held);
+    let again = RunLock::acquire([path.clone()]);
+    drop(writer);
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    let waited = unsafe { libc::waitpid(child, &raw mut status, 0) };
+    assert_eq!(waited, child, "the child was reaped");
+    assert!(
+        again.is_ok(),
+        "the lock was released while the child still had the file open: {again:?}"
     );
 }
 

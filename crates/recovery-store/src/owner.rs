@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 #[derive(Debug)]
 pub(crate) struct Owner {
     /// The `flock` of an SQLite file (released when the last store of it goes).
-    _lock: Option<fd_lock::RwLock<File>>,
+    lock: Option<fd_lock::RwLock<File>>,
     pub(crate) runs: RowCache<RunRecord>,
     pub(crate) leases: RowCache<Lease>,
 }
@@ -25,7 +25,7 @@ impl Owner {
     /// Nothing shared, nothing cached (PostgreSQL: replicas write the same rows).
     pub(crate) fn uncached() -> Arc<Self> {
         Arc::new(Self {
-            _lock: None,
+            lock: None,
             runs: RowCache::new(false),
             leases: RowCache::new(false),
         })
@@ -55,9 +55,20 @@ impl Owner {
 
     fn cached(lock: Option<fd_lock::RwLock<File>>) -> Self {
         Self {
-            _lock: lock,
+            lock,
             runs: RowCache::new(true),
             leases: RowCache::new(true),
+        }
+    }
+}
+
+impl Drop for Owner {
+    /// Unlocks before the file closes: a process forked meanwhile holds a copy of the
+    /// descriptor until it execs, and closing alone would leave the database locked that long
+    /// (see `recovery_sidecar::RunLock`).
+    fn drop(&mut self) {
+        if let Some(guard) = self.lock.as_mut().and_then(|lock| lock.try_write().ok()) {
+            drop(guard);
         }
     }
 }
