@@ -136,6 +136,49 @@ impl Leases {
             .map(|h| h.lock.clone())
     }
 
+    /// Ends our lease on the run whose lock is `run_lock` if its lock files were removed or
+    /// replaced (audited `lease.lock_displaced`). Call inside the run's mutex: a critical
+    /// section does before it runs under the lease's `flock`, so no change is made under a
+    /// lock that no longer excludes anyone.
+    pub async fn end_if_displaced(&self, run_lock: &Path) -> Result<(), LeaseError> {
+        let run_id = self
+            .held()
+            .iter()
+            .find(|(_, h)| h.run_lock == run_lock)
+            .map(|(run_id, _)| run_id.clone());
+        if let Some(run_id) = run_id {
+            self.end_if_expired(&run_id).await?;
+        }
+        Ok(())
+    }
+
+    /// Another run's live lease of ours that holds one of `paths` (a checkpoint directory's
+    /// lock, shared by two runs' requests): its `flock` would refuse the request, unless its
+    /// file was replaced meanwhile, which must not let a second lease in beside it.
+    fn other_lease_on(&self, request: &LeaseRequest) -> Option<String> {
+        self.held()
+            .iter()
+            .find(|(run_id, h)| {
+                **run_id != request.run_id
+                    && h.lock
+                        .paths()
+                        .any(|held| request.lock_paths.iter().any(|p| p.as_path() == held))
+            })
+            .map(|(run_id, _)| run_id.clone())
+    }
+
+    /// Refuses a request whose lock files another run's lease of ours holds (see
+    /// [`Self::other_lease_on`]), naming that lease.
+    async fn refuse_shared_locks(&self, request: &LeaseRequest) -> Result<(), LeaseError> {
+        let Some(other) = self.other_lease_on(request) else {
+            return Ok(());
+        };
+        match self.store.get_lease(&other).await? {
+            Some(lease) => Err(LeaseError::Held(Box::new(lease))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether the run recorded for `output` has a live lease granted by another replica.
     pub async fn other_replica_holds(&self, output: &Path) -> Result<bool, StoreError> {
         let Some(run) = self
@@ -196,6 +239,7 @@ impl Leases {
                 }
             };
         }
+        self.refuse_shared_locks(request).await?;
         let paths = request.lock_paths.clone();
         let lock = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
             .await
@@ -455,6 +499,7 @@ impl Leases {
         let _run = self.local.lock(&request.run_lock()).await;
         let lease = self.lease_for(request, recovery_sidecar::new_id());
         if self.held_entry(&request.run_id).is_none() {
+            self.refuse_shared_locks(request).await?;
             let paths = request.lock_paths.clone();
             let lock = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
                 .await

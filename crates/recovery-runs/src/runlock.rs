@@ -8,8 +8,9 @@
 //! 2. with PostgreSQL, a session advisory lock named after that path: replicas sharing the
 //!    database queue too;
 //! 3. the run's `flock`: the one a live lease of ours already holds (shared with the lease, so a
-//!    lease that ends mid-section frees the lock when the section ends), or one taken for the
-//!    duration. A `flock` held elsewhere (a Python collector, another service process) refuses
+//!    lease that ends mid-section frees the lock when the section ends; a lease whose lock file
+//!    was removed or replaced is ended first, as its `flock` excludes nobody), or one taken for
+//!    the duration. A `flock` held elsewhere (a Python collector, another service process) refuses
 //!    with [`RunLockError::Locked`], except on PostgreSQL when that holder is another replica's
 //!    live lease: then the advisory lock already excludes it.
 //!
@@ -44,6 +45,9 @@ pub enum RunLockError {
     Store(#[from] StoreError),
     #[error("background lock work failed: {0}")]
     Join(String),
+    /// Ending a lease whose lock file was displaced failed (the database).
+    #[error(transparent)]
+    Lease(Box<crate::leases::LeaseError>),
 }
 
 /// This process's per-run locks (entries vanish once nobody holds or waits for them).
@@ -244,7 +248,17 @@ impl RunLocks {
     /// The run's `flock` for a section: our lease's, the one shared sections hold, or a new one.
     async fn flock(&self, paths: &SidecarPaths, shared: bool) -> Result<Flock, RunLockError> {
         if let Some(lock) = self.leases.held_lock(&paths.run_lock) {
-            return Ok(Flock::Lease(lock));
+            if lock.is_in_place() {
+                return Ok(Flock::Lease(lock));
+            }
+            // The lease's lock file was removed or replaced: another process may hold the file
+            // now at the path. The lease ends first; the section then locks that file as any
+            // section without a lease does.
+            drop(lock);
+            self.leases
+                .end_if_displaced(&paths.run_lock)
+                .await
+                .map_err(|e| RunLockError::Lease(Box::new(e)))?;
         }
         let (run_lock, map) = (paths.run_lock.clone(), self.shared_flocks.clone());
         if shared {

@@ -1816,36 +1816,135 @@ async fn a_heartbeat_keeps_the_lifetime_the_lease_was_granted_with() {
 /// the other process's until that process lets go.
 #[tokio::test]
 async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_run() {
+    // Whichever call comes first after the lock file is replaced finds the lease ended and
+    // writes nothing: a change, as much as a renewal.
+    for first in ["reserve", "extend", "heartbeat"] {
+        let app = TestApp::new().await;
+        let run_id = app.create().await;
+        let lease_id = lease_for_ten_minutes(&app, &run_id).await;
+        let lock = app.root.join("exp/out_run.lock");
+        let manifest = app.root.join("exp/out_manifest.json");
+        let before = std::fs::read(&manifest).expect("manifest");
+        std::fs::remove_file(&lock).expect("remove the lock file");
+        let python = PythonLock::hold(&lock);
+        let (path, body) = match first {
+            "reserve" => (
+                format!("/runs/{run_id}/attempts/reserve"),
+                json!({"lease_id": lease_id, "rollout_ids": ["0-0"]}),
+            ),
+            "extend" => (
+                format!("/runs/{run_id}/attempts/extend"),
+                json!({"extend_attempts": 2, "reason": "outage"}),
+            ),
+            _ => (
+                format!("/runs/{run_id}/lease/heartbeat"),
+                json!({"lease_id": lease_id}),
+            ),
+        };
+        let reply = app
+            .call(Method::POST, &path, Some(OPERATOR), Some(body))
+            .await;
+        assert!(
+            reply.status == StatusCode::CONFLICT || reply.status == StatusCode::LOCKED,
+            "{first}: refused under the displaced lock: {} {}",
+            reply.status,
+            reply.body
+        );
+        assert_eq!(
+            std::fs::read(&manifest).expect("manifest"),
+            before,
+            "{first}: the manifest is untouched"
+        );
+        assert!(
+            !app.root.join("exp/out_attempt_extension.jsonl").exists(),
+            "{first}: no extension was journalled"
+        );
+        assert_eq!(
+            lease_is_over(&app, &run_id, lease_id.as_str().expect("lease id")).await,
+            (StatusCode::CONFLICT, "lease_not_held".to_owned()),
+            "{first}: the lease ended"
+        );
+        drop(python);
+        if first == "heartbeat" {
+            finish_displaced_lock_case(&app, &run_id, &lock).await;
+        }
+    }
+}
+
+/// Two runs sharing a checkpoint directory: with its `.collector.lock` removed under the first
+/// run's lease, the second run's lease is still refused (the first lease holds it), and is
+/// granted once the first lease ended at its next use.
+#[tokio::test]
+async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_run() {
     let app = TestApp::new().await;
-    let run_id = app.create().await;
-    let lease_path = format!("/runs/{run_id}/lease");
-    let lease_id = lease_for_ten_minutes(&app, &run_id).await;
-    let lock = app.root.join("exp/out_run.lock");
-    std::fs::remove_file(&lock).expect("remove the lock file");
-    let python = PythonLock::hold(&lock);
-    let heartbeat = app
+    let first = app.create().await;
+    let mut body = app.create_body();
+    body["output_path"] = json!(app.root.join("exp/second.jsonl"));
+    let created = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let second = created.body["run_id"].as_str().expect("run id").to_owned();
+    std::fs::create_dir_all(app.root.join("ck/shared")).expect("checkpoints");
+    let lease = |holder: &str| json!({"holder": holder, "host": "h", "pid": 1, "checkpoint_dir": "ck/shared", "ttl_seconds": 600});
+    let granted = app
         .call(
             Method::POST,
-            &format!("{lease_path}/heartbeat"),
+            &format!("/runs/{first}/lease"),
+            Some(COLLECTOR),
+            Some(lease("first")),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    std::fs::remove_file(app.root.join("ck/shared/.collector.lock")).expect("remove");
+    let refused = app
+        .call(
+            Method::POST,
+            &format!("/runs/{second}/lease"),
+            Some(COLLECTOR),
+            Some(lease("second")),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::LOCKED, "{}", refused.body);
+    assert_eq!(refused.body["details"]["holder"]["holder"], "first");
+    // The first lease's next use finds its lock displaced and ends it.
+    let lease_id = granted.body["lease_id"].as_str().expect("lease id");
+    assert_eq!(
+        lease_is_over(&app, &first, lease_id).await,
+        (StatusCode::CONFLICT, "lease_not_held".to_owned())
+    );
+    let now = app
+        .call(
+            Method::POST,
+            &format!("/runs/{second}/lease"),
+            Some(COLLECTOR),
+            Some(lease("second")),
+        )
+        .await;
+    assert_eq!(now.status, StatusCode::CREATED, "{}", now.body);
+}
+
+/// A heartbeat of the lease answers whether it still holds the run.
+async fn lease_is_over(app: &TestApp, run_id: &str, lease_id: &str) -> (StatusCode, String) {
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/heartbeat"),
             Some(COLLECTOR),
             Some(json!({"lease_id": lease_id})),
         )
         .await;
-    assert_eq!(heartbeat.status, StatusCode::CONFLICT, "{}", heartbeat.body);
-    assert_eq!(heartbeat.body["code"], "lease_not_held");
-    let reserve = app
-        .call(
-            Method::POST,
-            &format!("/runs/{run_id}/attempts/reserve"),
-            Some(COLLECTOR),
-            Some(json!({"lease_id": lease_id, "rollout_ids": ["0-0"]})),
-        )
-        .await;
-    assert!(
-        reserve.status == StatusCode::CONFLICT || reserve.status == StatusCode::LOCKED,
-        "nothing is reserved under the ended lease: {}",
-        reserve.body
-    );
+    (
+        reply.status,
+        reply.body["code"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// With the replaced lock file held again by another process: validation waits for it, the
+/// ending is audited, and the run is free once that process lets go.
+async fn finish_displaced_lock_case(app: &TestApp, run_id: &str, lock: &std::path::Path) {
+    let lease_path = format!("/runs/{run_id}/lease");
+    let python = PythonLock::hold(lock);
     let validate = app
         .call(
             Method::POST,
