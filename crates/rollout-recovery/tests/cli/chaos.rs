@@ -1539,29 +1539,37 @@ impl Drop for ScratchDatabase {
     }
 }
 
+/// Two service processes sharing `database`, each with its own data directory and log under
+/// `dir`, started one after the other (the second finds the schema migrated).
+fn start_replicas(
+    dir: &Path,
+    root: &Path,
+    database: &ScratchDatabase,
+    names: [&str; 2],
+) -> (Server, Server) {
+    let start = |replica: &str| {
+        Server::start_with(
+            &dir.join(format!("data-{replica}")),
+            root,
+            None,
+            &[
+                ("RR_DATABASE_URL", database.url.as_str()),
+                ("RR_REPLICA", replica),
+            ],
+            &dir.join(format!("{replica}.log")),
+        )
+    };
+    let first = start(names[0]);
+    (first, start(names[1]))
+}
+
 #[tokio::test]
 async fn two_service_processes_and_a_python_collector_contend_for_one_run() {
     // Two processes share a PostgreSQL database (one SQLite file serves one process).
     let database = ScratchDatabase::create(&mut Rng::new(seed()));
     let dir = tempfile::tempdir().expect("dir");
     let (_, root, _) = prepare(dir.path());
-    let env = |replica: &'static str| {
-        [
-            ("RR_DATABASE_URL", database.url.as_str()),
-            ("RR_REPLICA", replica),
-        ]
-    };
-    let start = |replica: &'static str| {
-        Server::start_with(
-            &dir.path().join(format!("data-{replica}")),
-            &root,
-            None,
-            &env(replica),
-            &dir.path().join(format!("{replica}.log")),
-        )
-    };
-    let first = start("a");
-    let second = start("b");
+    let (first, second) = start_replicas(dir.path(), &root, &database, ["a", "b"]);
     let client = reqwest::Client::new();
     let root = std::fs::canonicalize(&root).expect("root");
     let run_id = super::create_run(&client, &first, &root, &root.join("exp/out.jsonl")).await;
@@ -1654,27 +1662,7 @@ async fn two_service_processes_on_one_postgresql_database_hand_out_each_number_o
     let dir = tempfile::tempdir().expect("dir");
     let (_, root, _) = prepare(dir.path());
     let root = std::fs::canonicalize(&root).expect("root");
-    let env = |replica: &'static str| {
-        [
-            ("RR_DATABASE_URL", database.url.as_str()),
-            ("RR_REPLICA", replica),
-        ]
-    };
-    // One after the other: the second finds the schema migrated.
-    let a = Server::start_with(
-        &dir.path().join("data-a"),
-        &root,
-        None,
-        &env("replica-a"),
-        &dir.path().join("a.log"),
-    );
-    let b = Server::start_with(
-        &dir.path().join("data-b"),
-        &root,
-        None,
-        &env("replica-b"),
-        &dir.path().join("b.log"),
-    );
+    let (a, b) = start_replicas(dir.path(), &root, &database, ["replica-a", "replica-b"]);
     let client = reqwest::Client::new();
     let output = root.join("exp/out.jsonl");
     let rows: Value = (0..=40)
