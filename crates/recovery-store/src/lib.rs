@@ -50,6 +50,11 @@ pub enum StoreError {
         "another service process uses this SQLite database (it holds {0}): one process per SQLite file; several replicas need a postgres:// database"
     )]
     InUse(String),
+    /// The SQLite file has several names (hard links): no lock by name covers them all.
+    #[error(
+        "the SQLite database {0} has more than one name (hard links): SQLite keeps its journal and locks by name, so two processes could serve it unknowingly; give it one name"
+    )]
+    HardLinked(String),
     #[error("cannot take the SQLite database's lock {path}: {source}")]
     Lock {
         path: String,

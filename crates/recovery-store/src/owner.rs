@@ -1,5 +1,6 @@
 //! One service process per SQLite file. The process that opens an SQLite database takes an
-//! exclusive `flock` on `<database>-service.lock` beside it and keeps it while any store of that
+//! exclusive `flock` on `<database>-service.lock` beside it (the database's path resolved, so
+//! a link names the same lock; a database file with hard links is refused) and keeps it while any store of that
 //! file is open in the process; another process is refused with [`StoreError::InUse`] instead of
 //! running a second, disagreeing authority over the same runs and leases (several replicas need
 //! PostgreSQL). Stores of one file within one process share one owner, hence one row cache
@@ -34,7 +35,7 @@ impl Owner {
     /// The owner of the SQLite database at `url` in this process: the existing one, or a new
     /// one once this process holds the file's lock.
     pub(crate) fn of_sqlite(url: &str) -> Result<Arc<Self>, StoreError> {
-        let Some(lock_path) = lock_path(url) else {
+        let Some(lock_path) = lock_path(url)? else {
             // An in-memory database is this store's alone.
             return Ok(Arc::new(Self::cached(None)));
         };
@@ -73,23 +74,45 @@ impl Drop for Owner {
     }
 }
 
-/// `<database>-service.lock` beside the database file an `sqlite:` URL names (its directory
-/// resolved), `None` for an in-memory database.
-fn lock_path(url: &str) -> Option<PathBuf> {
-    let rest = url
+/// `<database>-service.lock` beside the database file an `sqlite:` URL names, `None` for an
+/// in-memory database. The file's path is resolved first (a symbolic link to the database, or
+/// to its directory, names the same database, hence the same lock); a database file with
+/// several names (hard links) is refused, as no name-based lock can cover them all (and
+/// SQLite's own journal would differ per name: its documentation warns of corruption).
+fn lock_path(url: &str) -> Result<Option<PathBuf>, StoreError> {
+    let Some(rest) = url
         .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))?;
+        .or_else(|| url.strip_prefix("sqlite:"))
+    else {
+        return Ok(None);
+    };
     let path = rest.split('?').next().unwrap_or_default();
     if path.is_empty() || path == ":memory:" || url.contains("mode=memory") {
-        return None;
+        return Ok(None);
     }
     let path = Path::new(path);
-    let name = path.file_name()?.to_string_lossy().into_owned();
-    let directory = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        Some(parent) => parent.canonicalize().unwrap_or_else(|_| parent.to_owned()),
-        None => std::env::current_dir().unwrap_or_default(),
+    let Some(name) = path.file_name() else {
+        return Ok(None);
     };
-    Some(directory.join(format!("{name}-service.lock")))
+    let resolved = match std::fs::canonicalize(path) {
+        Ok(resolved) => resolved,
+        // Not created yet: its directory resolved, the name kept.
+        Err(_) => match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            Some(parent) => parent
+                .canonicalize()
+                .unwrap_or_else(|_| parent.to_owned())
+                .join(name),
+            None => std::env::current_dir().unwrap_or_default().join(name),
+        },
+    };
+    if let Ok(metadata) = std::fs::metadata(&resolved)
+        && std::os::unix::fs::MetadataExt::nlink(&metadata) > 1
+    {
+        return Err(StoreError::HardLinked(resolved.display().to_string()));
+    }
+    let mut lock = resolved.into_os_string();
+    lock.push("-service.lock");
+    Ok(Some(PathBuf::from(lock)))
 }
 
 fn take_lock(path: &Path) -> Result<fd_lock::RwLock<File>, StoreError> {

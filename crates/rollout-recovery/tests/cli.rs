@@ -412,19 +412,29 @@ async fn serve_binds_a_host_name_and_logs_without_colours_to_a_file() {
     );
 }
 
-/// One service process per SQLite file: a second one on the same data directory is refused
-/// before it touches the database, and the first keeps serving; once the first stops, a new one
-/// starts.
+/// One service process per SQLite file: a second one on the same database (the same data
+/// directory, or a symbolic link to the file) is refused before it touches the database, as is
+/// a database file with a second name (a hard link), and the first keeps serving; once the
+/// first stops, a new one starts.
 #[tokio::test]
 async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_keeps_serving() {
     let dir = tempfile::tempdir().expect("dir");
     let (data, root, _) = prepare(dir.path());
-    let second = || {
-        Command::new(BIN)
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).expect("other data dir");
+    let second = |database: Option<&Path>| {
+        let mut command = Command::new(BIN);
+        command
             .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
-            .arg(&data)
+            .arg(if database.is_some() { &other } else { &data })
             .arg("--root")
-            .arg(&root)
+            .arg(&root);
+        if let Some(database) = database {
+            command
+                .arg("--database-url")
+                .arg(format!("sqlite://{}", database.display()));
+        }
+        command
             .env_remove("RR_TOKENS")
             .env("RR_LOG", "info")
             .stdout(Stdio::null())
@@ -433,17 +443,35 @@ async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_ke
             .expect("serve")
     };
     let first = Server::start(&data, &root);
-    let refused = second().wait_with_output().expect("second");
-    assert!(
-        !refused.status.success(),
-        "the second process must not start"
-    );
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        stderr.contains("another service process uses this SQLite database")
-            && stderr.contains("postgres://"),
-        "the refusal says why and what to use instead: {stderr}"
-    );
+    let database = data.join("rollout-recovery.db");
+    let symlink = other.join("link.db");
+    std::os::unix::fs::symlink(&database, &symlink).expect("symlink");
+    let hard_link = other.join("hard.db");
+    let in_use = "another service process uses this SQLite database";
+    for (case, database, why, instead) in [
+        ("the same data directory", None, in_use, "postgres://"),
+        ("a link to the file", Some(&symlink), in_use, "postgres://"),
+        (
+            "a second name of the file",
+            Some(&hard_link),
+            "has more than one name (hard links)",
+            "give it one name",
+        ),
+    ] {
+        if database == Some(&hard_link) {
+            std::fs::hard_link(&data.join("rollout-recovery.db"), &hard_link).expect("hard link");
+        }
+        let (started, stderr) = started_or_refused(second(database.map(PathBuf::as_path)));
+        assert!(
+            !started,
+            "{case}: the second process must not start: {stderr}"
+        );
+        assert!(
+            stderr.contains(why) && stderr.contains(instead),
+            "{case}: the refusal says why and what to do: {stderr}"
+        );
+    }
+    std::fs::remove_file(&hard_link).expect("one name again");
     let client = reqwest::Client::new();
     let health = client
         .get(format!("{}/healthz", first.url))
@@ -453,31 +481,30 @@ async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_ke
     assert_eq!(health.status(), 200, "the first keeps serving");
     assert!(first.terminate().success());
     // The lock went with the first process: a new one starts (and is stopped here).
-    let mut third = second();
-    let mut stderr = third.stderr.take().expect("stderr");
-    let started = std::thread::spawn(move || {
-        let mut text = String::new();
-        let mut buffer = [0u8; 4096];
-        // The service logs its start; a refusal would end the stream instead.
-        while let Ok(n) = std::io::Read::read(&mut stderr, &mut buffer) {
-            if n == 0 {
-                break;
-            }
-            text.push_str(&String::from_utf8_lossy(&buffer[..n]));
-            if text.contains("rollout-recovery serving") {
-                break;
-            }
+    let (started, stderr) = started_or_refused(second(None));
+    assert!(started, "a service starts once the first stopped: {stderr}");
+}
+
+/// Whether a `serve` process started (it logged so; it is stopped then) or ended refusing to,
+/// with what it wrote to stderr either way.
+fn started_or_refused(mut child: std::process::Child) -> (bool, String) {
+    let mut stderr = child.stderr.take().expect("stderr");
+    let mut text = String::new();
+    let mut buffer = [0u8; 4096];
+    // The service logs its start; a refusal ends the stream instead.
+    while let Ok(n) = std::io::Read::read(&mut stderr, &mut buffer) {
+        if n == 0 {
+            break;
         }
-        text
-    })
-    .join()
-    .expect("reader");
-    let _ = third.kill();
-    let _ = third.wait();
-    assert!(
-        started.contains("rollout-recovery serving"),
-        "a service starts once the first stopped: {started}"
-    );
+        text.push_str(&String::from_utf8_lossy(&buffer[..n]));
+        if text.contains("rollout-recovery serving") {
+            let _ = child.kill();
+            let _ = child.wait();
+            return (true, text);
+        }
+    }
+    let status = child.wait().expect("wait");
+    (status.success(), text)
 }
 
 #[tokio::test]
