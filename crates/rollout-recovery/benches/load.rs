@@ -670,6 +670,8 @@ struct LoadResult {
     rss_idle_kb: Option<u64>,
     rss_peak_kb: Option<u64>,
     rss_after_kb: Option<u64>,
+    /// Five seconds after the load: once idle runtime threads have ended and given back.
+    rss_settled_kb: Option<u64>,
     /// The server's CPU time (user + system) over the load, in microseconds.
     cpu_us: Option<u64>,
     aborted: Option<String>,
@@ -695,8 +697,8 @@ impl LoadResult {
     fn print(&self) {
         println!(
             "  {}: {} ok in {:.1} s = {:.1} req/s, p50 {} ms, p99 {} ms, errors {} (timeouts {}), \
-             /healthz p99 {} ms over {} probes ({} failed), RSS idle/peak/after {}/{}/{} MB, \
-             server CPU {} us per answer",
+             /healthz p99 {} ms over {} probes ({} failed), RSS idle/peak/after 1 s/after 5 s \
+             {}/{}/{}/{} MB, server CPU {} us per answer",
             self.name,
             self.ok,
             self.elapsed,
@@ -711,6 +713,7 @@ impl LoadResult {
             mb(self.rss_idle_kb),
             mb(self.rss_peak_kb),
             mb(self.rss_after_kb),
+            mb(self.rss_settled_kb),
             cpu(self.cpu_per_ok()),
         );
         for sample in &self.samples {
@@ -862,6 +865,8 @@ async fn run_load(
     result.health_us.sort_unstable();
     tokio::time::sleep(Duration::from_secs(1)).await;
     result.rss_after_kb = pid.and_then(rss_kb);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    result.rss_settled_kb = pid.and_then(rss_kb);
     result
 }
 

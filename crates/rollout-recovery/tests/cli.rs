@@ -459,7 +459,7 @@ async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_ke
         ),
     ] {
         if database == Some(&hard_link) {
-            std::fs::hard_link(&data.join("rollout-recovery.db"), &hard_link).expect("hard link");
+            std::fs::hard_link(data.join("rollout-recovery.db"), &hard_link).expect("hard link");
         }
         let (started, stderr) = started_or_refused(second(database.map(PathBuf::as_path)));
         assert!(

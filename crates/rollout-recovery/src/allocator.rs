@@ -1,0 +1,20 @@
+//! The process's allocator, and memory given back once a load ends.
+//!
+//! mimalloc, chosen on measurement: under the load benchmark glibc's malloc took about a
+//! quarter of the service's CPU (configuration identities are many small JSON trees) and kept
+//! hundreds of MB after the load ended. mimalloc returns a thread's freed pages to the system
+//! only while that thread goes on allocating, so the blocking threads that parse large bodies
+//! kept their peak until they ended, and even then left it to their abandoned heaps: each
+//! runtime thread gives everything it holds unused back as it ends (measured, validate with
+//! 1,000 rows: RSS 5 s after the load 104 MB without, 62-65 MB with).
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Gives back everything this thread holds unused (called when a runtime thread ends).
+#[allow(unsafe_code)]
+pub fn give_back_all() {
+    // SAFETY: mi_collect has no preconditions; it frees only pages of the calling thread's heap
+    // (and, forced, of abandoned heaps) that hold no live allocation.
+    unsafe { libmimalloc_sys::mi_collect(true) }
+}
