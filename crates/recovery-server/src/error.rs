@@ -599,6 +599,16 @@ pub async fn in_error_shape(response: Response) -> Response {
             }
             shaped
         }
+        // A path parameter the router could not decode (invalid UTF-8 after percent-decoding):
+        // the framework's one-line text names the parameter.
+        StatusCode::BAD_REQUEST => {
+            let text = axum::body::to_bytes(response.into_body(), 1024)
+                .await
+                .map(|bytes| String::from_utf8_lossy(&bytes).trim().to_owned())
+                .unwrap_or_default();
+            ApiError::invalid(format!("the request's path could not be read: {text}"))
+                .into_response()
+        }
         _ => response,
     }
 }
