@@ -200,7 +200,7 @@ pub struct HolderView {
 
 /// Who holds a run (without the lease id).
 #[utoipa::path(get, path = "/runs/{run_id}/lease", tag = "leases", params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 200, body = HolderView, description = "The live holder, or null"), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 200, body = HolderView, description = "The live holder, or null"), (status = 422, body = ApiErrorBody, description = "The run's lock file is a link, FIFO or directory (path_refused)"), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn holder(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
@@ -213,12 +213,15 @@ pub async fn holder(
     let lease = state.registry.live_lease(&paths, &run_id).await?;
     // Without a live lease, probe the run's flock: a holder outside the service (a Python
     // collector, another service process without a lease) is reported.
+    // A lock file that cannot be locked at all (a link, FIFO or directory where it belongs) is
+    // refused as a path, as an acquire would be, never reported as another process's lock.
     let externally_locked = match &lease {
         Some(_) => false,
-        None => {
-            let probe = state.registry.lock(&paths).await;
-            matches!(probe, Err(recovery_runs::RunLockError::Locked(_)))
-        }
+        None => match state.registry.lock(&paths).await {
+            Ok(_) => false,
+            Err(recovery_runs::RunLockError::Locked(recovery_sidecar::LockError::Owned(_))) => true,
+            Err(other) => return Err(other.into()),
+        },
     };
     Ok(Json(HolderView {
         run_id,

@@ -127,6 +127,37 @@ async fn a_lock_file_that_cannot_be_a_file_is_refused_as_a_path_never_run_locked
         .await;
     assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
     assert!(!paths.manifest.exists(), "nothing written");
+    // A run whose lock file became a link, FIFO or directory later: asking who holds it says
+    // so, never that another process does.
+    std::fs::remove_dir(&paths.run_lock).expect("remove");
+    let run_id = app.create().await;
+    let elsewhere = app.root.join("elsewhere.lock");
+    std::fs::write(&elsewhere, b"").expect("target");
+    for kind in ["directory", "link", "fifo"] {
+        std::fs::remove_file(&paths.run_lock)
+            .or_else(|_| std::fs::remove_dir(&paths.run_lock))
+            .expect("remove the lock file");
+        match kind {
+            "directory" => std::fs::create_dir(&paths.run_lock).expect("directory"),
+            "link" => std::os::unix::fs::symlink(&elsewhere, &paths.run_lock).expect("link"),
+            _ => assert!(
+                std::process::Command::new("mkfifo")
+                    .arg(&paths.run_lock)
+                    .status()
+                    .expect("mkfifo")
+                    .success()
+            ),
+        }
+        let holder = app
+            .call(
+                Method::GET,
+                &format!("/runs/{run_id}/lease"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_code(&holder, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
+    }
 }
 
 #[tokio::test]
