@@ -280,9 +280,9 @@ impl Leases {
     /// Takes again the locks of every live lease whose locks nobody holds: those this service
     /// held before it stopped (a restart, a crash, a kill) or a replica that stopped held. The
     /// collector holding the lease keeps it, renews it here, and no other collector gets the
-    /// run meanwhile. A lease whose locks another process took in between (a collector that
-    /// did not wait) is left as it is: its holder learns it at its next renewal. Returns the
-    /// leases taken again.
+    /// run meanwhile. A lease of ours whose locks another process took in between (a collector
+    /// that did not wait) is ended (see [`Self::end_lost`]); another live replica's is left to
+    /// it. Returns the leases taken again.
     /// `confined` tells whether a recorded lock path still names a file under the service's
     /// roots through no symbolic link (the roots or the directories may have changed while the
     /// service was down); a lease with any other lock path is not taken again.
@@ -321,6 +321,10 @@ impl Leases {
                 .map_err(|e| LeaseError::Join(e.to_string()))?
             {
                 Ok(lock) => lock,
+                Err(LockError::Owned(_)) if self.was_ours(&lease) => {
+                    self.end_lost(&lease).await?;
+                    continue;
+                }
                 Err(LockError::Owned(_)) => continue,
                 Err(e) => {
                     tracing::warn!(run_id = %lease.run_id, error = %e, "a live lease's locks could not be taken again");
@@ -406,6 +410,24 @@ impl Leases {
         if held.get(run_id).is_some_and(|h| h.lease_id == lease_id) {
             held.remove(run_id);
         }
+    }
+
+    /// Whether a live lease recorded in the database was granted by this service: its replica
+    /// (on SQLite, one process serves the file, so every lease is).
+    fn was_ours(&self, lease: &Lease) -> bool {
+        lease.replica == self.replica || self.store.backend() == recovery_store::Backend::Sqlite
+    }
+
+    /// Ends a lease of ours whose run lock another process took while the service was down (a
+    /// collector that did not wait): its exclusion is gone, so it is not reported live; its
+    /// holder's next renewal is refused as it would be anyway. Audited `lease.lost`.
+    async fn end_lost(&self, lease: &Lease) -> Result<(), LeaseError> {
+        self.store
+            .release_lease(&lease.run_id, &lease.lease_id)
+            .await?;
+        self.audit("system", "lease.lost", &lease.run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "why": "another process took the run's lock while the service was down"})).await?;
+        tracing::warn!(run_id = %lease.run_id, holder = %lease.holder, "another process took a lease's run lock while the service was down; lease ended");
+        Ok(())
     }
 
     /// Ends a lease: the database forgets it, then the `flock` is released.

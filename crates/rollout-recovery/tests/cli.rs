@@ -598,6 +598,95 @@ async fn a_restart_keeps_live_leases_and_their_locks_whether_stopped_or_killed()
     assert_eq!(probe(&lock), "acquired", "and the lock with it");
 }
 
+/// A lease whose run lock another process (a collector that did not wait) took while the
+/// service was down is ended when the service starts again, audited, and never reported live:
+/// asking who holds the run says another process does.
+#[tokio::test]
+async fn a_lease_whose_lock_another_process_took_while_the_service_was_down_ends_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let client = reqwest::Client::new();
+    let root = std::fs::canonicalize(&root).expect("root");
+    let run_id = create_run(&client, &server, &root, &root.join("exp/out.jsonl")).await;
+    let (status, granted) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 3600})),
+    )
+    .await;
+    assert_eq!(status, 201, "{granted}");
+    assert!(server.terminate().success());
+    let mut python = Command::new("python3")
+        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
+        .arg(root.join("exp/out_run.lock"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(python.stdout.as_mut().expect("stdout")),
+        &mut line,
+    )
+    .expect("read");
+    assert_eq!(line.trim(), "locked");
+    let server = Server::start(&data, &root);
+    let (status, holder) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        &format!("/runs/{run_id}/lease"),
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, &holder["holder"], &holder["locked_outside_service"]),
+        (200, &Value::Null, &json!(true)),
+        "{holder}"
+    );
+    let (status, refused) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease/heartbeat"),
+        COLLECTOR,
+        Some(json!({"lease_id": granted["lease_id"]})),
+    )
+    .await;
+    assert_eq!(
+        (status, &refused["code"]),
+        (409, &json!("lease_not_held")),
+        "{refused}"
+    );
+    let (_, audit) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        &format!("/audit?run_id={run_id}"),
+        OPERATOR,
+        None,
+    )
+    .await;
+    assert!(audit.to_string().contains("lease.lost"), "{audit}");
+    drop(python.stdin.take());
+    python.wait().expect("python exits");
+    let (status, again) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "d", "host": "h", "pid": 2})),
+    )
+    .await;
+    assert_eq!(status, 201, "free once the other process let go: {again}");
+}
+
 fn shared(relative: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared")
