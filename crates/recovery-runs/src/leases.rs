@@ -82,6 +82,8 @@ pub struct Leases {
     replica: String,
     local: LocalRunLocks,
     held: Arc<Mutex<HashMap<String, Held>>>,
+    /// No other process grants leases in this database (see [`Self::among_replicas`]).
+    sole_process: bool,
 }
 
 fn not_holder(run_id: &str, lease_id: &str) -> LeaseError {
@@ -94,12 +96,22 @@ fn not_holder(run_id: &str, lease_id: &str) -> LeaseError {
 impl Leases {
     pub fn new(store: Store, clock: Arc<dyn Clock>, replica: impl Into<String>) -> Self {
         Self {
+            // One process serves an SQLite file (the store's owner lock): every lease is ours.
+            sole_process: store.backend() == recovery_store::Backend::Sqlite,
             store,
             clock,
             replica: replica.into(),
             local: LocalRunLocks::default(),
             held: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// These leases share their database with other processes' (replicas on one PostgreSQL
+    /// database, or several instances in one process standing in for them): a live lease is
+    /// ours only when it names this replica.
+    pub fn among_replicas(mut self) -> Self {
+        self.sole_process = false;
+        self
     }
 
     pub fn replica(&self) -> &str {
@@ -415,7 +427,7 @@ impl Leases {
     /// Whether a live lease recorded in the database was granted by this service: its replica
     /// (on SQLite, one process serves the file, so every lease is).
     fn was_ours(&self, lease: &Lease) -> bool {
-        lease.replica == self.replica || self.store.backend() == recovery_store::Backend::Sqlite
+        self.sole_process || lease.replica == self.replica
     }
 
     /// Ends a lease of ours whose run lock another process took while the service was down (a

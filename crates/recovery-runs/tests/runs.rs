@@ -531,7 +531,7 @@ async fn a_live_lease_whose_replica_stopped_is_taken_again_by_exactly_one_of_man
     let root = tempfile::tempdir().expect("root");
     let store = sqlite_store(root.path()).await;
     let clock: Arc<SystemClock> = Arc::new(SystemClock);
-    let gone = Leases::new(store.clone(), clock.clone(), "replica-gone");
+    let gone = Leases::new(store.clone(), clock.clone(), "replica-gone").among_replicas();
     let lease = gone
         .acquire(&request(root.path(), "collector-a", 600))
         .await
@@ -539,7 +539,7 @@ async fn a_live_lease_whose_replica_stopped_is_taken_again_by_exactly_one_of_man
     // The replica stops without a word: its flock goes with it, the lease row stays.
     drop(gone);
     let replicas: Vec<Leases> = (0..8)
-        .map(|r| Leases::new(store.clone(), clock.clone(), format!("replica-{r}")))
+        .map(|r| Leases::new(store.clone(), clock.clone(), format!("replica-{r}")).among_replicas())
         .collect();
     // A lock path no longer under the roots (they changed while the service was down) is not
     // taken again.
