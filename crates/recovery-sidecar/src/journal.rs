@@ -21,13 +21,26 @@ pub enum TailRepair {
     Truncated(u64),
 }
 
-/// A journal path that holds a symbolic link, FIFO, socket or directory: never appended to.
+/// A journal path that holds a symbolic link, FIFO, socket or directory, or a file with other
+/// names (a hard link could name a file outside the roots, or another run's manifest): never
+/// appended to, nor repaired.
 #[derive(Debug, thiserror::Error)]
-#[error("not a regular file (a symbolic link, FIFO, socket or directory is never appended to)")]
+#[error(
+    "not a regular file with one name (a symbolic link, FIFO, socket, directory or a file with hard links is never appended to)"
+)]
 pub struct NotARegularFile;
 
 fn not_a_regular_file() -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidInput, NotARegularFile)
+}
+
+/// Refuses an opened journal that is not a regular file with one name.
+fn check_appendable(file: &File) -> std::io::Result<std::fs::Metadata> {
+    let metadata = file.metadata()?;
+    if !metadata.is_file() || std::os::unix::fs::MetadataExt::nlink(&metadata) > 1 {
+        return Err(not_a_regular_file());
+    }
+    Ok(metadata)
 }
 
 /// Whether an append failed because something other than a regular file is where the journal
@@ -51,10 +64,10 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)
     {
-        Ok(file) if !file.metadata()?.is_file() => {
-            return Err(not_a_regular_file());
+        Ok(file) => {
+            check_appendable(&file)?;
+            file
         }
-        Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TailRepair::Clean),
         Err(e) => return Err(e),
     };
@@ -131,11 +144,7 @@ pub fn append_lines_at(path: &Path, lines: &[&[u8]]) -> std::io::Result<(TailRep
         .append(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(path)?;
-    let metadata = file.metadata()?;
-    if !metadata.is_file() {
-        return Err(not_a_regular_file());
-    }
-    let start = metadata.len();
+    let start = check_appendable(&file)?.len();
     let mut buffer = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum());
     let mut offsets = Vec::with_capacity(lines.len());
     for line in lines {

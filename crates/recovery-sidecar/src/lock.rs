@@ -75,10 +75,14 @@ impl RunLock {
                 .open(&path)
             {
                 Ok(file) => file,
-                // A link (ELOOP under O_NOFOLLOW) or a directory (EISDIR: opened for writing).
-                // A socket, which open(2) refuses with ENXIO, stays an IO error: the service
-                // cannot open it at all.
-                Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::EISDIR)) => {
+                // A link (ELOOP under O_NOFOLLOW), a directory (EISDIR: opened for writing) or
+                // a socket (ENXIO): the run's files' problem, never the service's.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ELOOP | libc::EISDIR | libc::ENXIO)
+                    ) =>
+                {
                     return Err(LockError::NotAFile(path));
                 }
                 Err(e) => return Err(io(e)),

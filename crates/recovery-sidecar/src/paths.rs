@@ -56,10 +56,11 @@ pub enum PathError {
          FIFO, socket or device)"
     )]
     CompanionNotAFile { path: PathBuf, companion: PathBuf },
-    /// A run's journal is a link or no regular file: nothing is appended to it.
+    /// A run's journal is a link, no regular file, or a file with other names: nothing is
+    /// appended to it.
     #[error(
-        "{0:?}: a run's journal must be a regular file (a symbolic link, FIFO, socket or \
-         directory is never written to); move it aside"
+        "{0:?}: a run's journal must be a regular file with one name (a symbolic link, FIFO, \
+         socket, directory or a file with hard links is never written to); move it aside"
     )]
     JournalNotAFile(PathBuf),
     #[error("root {path:?} cannot be used: {source}")]
@@ -271,7 +272,9 @@ impl SidecarPaths {
     /// yet is created by its first append.
     pub fn check_journal(path: &Path) -> Result<(), PathError> {
         match std::fs::symlink_metadata(path) {
-            Ok(m) if !m.is_file() => Err(PathError::JournalNotAFile(path.to_owned())),
+            Ok(m) if !m.is_file() || std::os::unix::fs::MetadataExt::nlink(&m) > 1 => {
+                Err(PathError::JournalNotAFile(path.to_owned()))
+            }
             _ => Ok(()),
         }
     }

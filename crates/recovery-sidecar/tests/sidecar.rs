@@ -251,7 +251,17 @@ fn an_append_where_a_link_fifo_or_directory_is_refuses_as_not_a_regular_file_and
     assert!(made.success(), "mkfifo");
     let directory = dir.path().join("dir_drift.jsonl");
     std::fs::create_dir(&directory).expect("directory");
-    for (kind, path) in [("link", &link), ("fifo", &fifo), ("directory", &directory)] {
+    // A second name of a file elsewhere (unterminated: a repair would truncate it).
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, b"line1\nno newline").expect("victim");
+    let hard_link = dir.path().join("hard_drift.jsonl");
+    std::fs::hard_link(&victim, &hard_link).expect("hard link");
+    for (kind, path) in [
+        ("link", &link),
+        ("fifo", &fifo),
+        ("directory", &directory),
+        ("hard link", &hard_link),
+    ] {
         let error =
             append_lines_at(path, &[b"{\"a\":1}".as_slice()]).expect_err("never appended to");
         assert!(
@@ -267,6 +277,11 @@ fn an_append_where_a_link_fifo_or_directory_is_refuses_as_not_a_regular_file_and
         std::fs::read(&target).expect("target"),
         b"{\"kept\":1}\n",
         "nothing was written through the link"
+    );
+    assert_eq!(
+        std::fs::read(&victim).expect("victim"),
+        b"line1\nno newline",
+        "nothing was written, nor repaired, through the hard link"
     );
 }
 

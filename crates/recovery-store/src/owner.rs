@@ -90,7 +90,10 @@ fn lock_path(url: &str) -> Result<Option<PathBuf>, StoreError> {
     if path.is_empty() || path == ":memory:" || url.contains("mode=memory") {
         return Ok(None);
     }
-    let path = Path::new(path);
+    // The file SQLite will open, as the driver reads the URL (percent-decoded): a lock named
+    // from the URL's text would miss `%2D` spelling `-`.
+    let options = <sqlx::sqlite::SqliteConnectOptions as std::str::FromStr>::from_str(url)?;
+    let path = options.get_filename();
     let Some(name) = path.file_name() else {
         return Ok(None);
     };

@@ -447,10 +447,18 @@ async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_ke
     let symlink = other.join("link.db");
     std::os::unix::fs::symlink(&database, &symlink).expect("symlink");
     let hard_link = other.join("hard.db");
+    // `%2D` is `-` to SQLite's URL reader: the same file.
+    let encoded = data.join("rollout%2Drecovery.db");
     let in_use = "another service process uses this SQLite database";
     for (case, database, why, instead) in [
         ("the same data directory", None, in_use, "postgres://"),
         ("a link to the file", Some(&symlink), in_use, "postgres://"),
+        (
+            "a percent-encoded name",
+            Some(&encoded),
+            in_use,
+            "postgres://",
+        ),
         (
             "a second name of the file",
             Some(&hard_link),

@@ -1818,7 +1818,7 @@ async fn a_heartbeat_keeps_the_lifetime_the_lease_was_granted_with() {
 async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_run() {
     // Whichever call comes first after the lock file is replaced finds the lease ended and
     // writes nothing: a change, as much as a renewal.
-    for first in ["reserve", "extend", "heartbeat"] {
+    for first in ["reserve", "extend", "takeover", "heartbeat"] {
         let app = TestApp::new().await;
         let run_id = app.create().await;
         let lease_id = lease_for_ten_minutes(&app, &run_id).await;
@@ -1835,6 +1835,10 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
             "extend" => (
                 format!("/runs/{run_id}/attempts/extend"),
                 json!({"extend_attempts": 2, "reason": "outage"}),
+            ),
+            "takeover" => (
+                format!("/runs/{run_id}/lease/takeover"),
+                json!({"holder": "op", "host": "h", "pid": 2, "reason": "stuck"}),
             ),
             _ => (
                 format!("/runs/{run_id}/lease/heartbeat"),

@@ -133,13 +133,16 @@ async fn a_lock_file_that_cannot_be_a_file_is_refused_as_a_path_never_run_locked
     let run_id = app.create().await;
     let elsewhere = app.root.join("elsewhere.lock");
     std::fs::write(&elsewhere, b"").expect("target");
-    for kind in ["directory", "link", "fifo"] {
+    for kind in ["directory", "link", "fifo", "socket"] {
         std::fs::remove_file(&paths.run_lock)
             .or_else(|_| std::fs::remove_dir(&paths.run_lock))
             .expect("remove the lock file");
         match kind {
             "directory" => std::fs::create_dir(&paths.run_lock).expect("directory"),
             "link" => std::os::unix::fs::symlink(&elsewhere, &paths.run_lock).expect("link"),
+            "socket" => {
+                drop(std::os::unix::net::UnixListener::bind(&paths.run_lock).expect("socket"))
+            }
             _ => assert!(
                 std::process::Command::new("mkfifo")
                     .arg(&paths.run_lock)
