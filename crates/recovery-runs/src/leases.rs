@@ -470,8 +470,13 @@ impl Leases {
                 if self.lock_in_place(run_id) {
                     return Ok(Ending::Live);
                 }
-                self.store.release_lease(run_id, &lease_id).await?;
+                // Shared sections of one run may find the displacement together: the one whose
+                // release ended the lease audits it.
+                let ended = self.store.release_lease(run_id, &lease_id).await?;
                 self.forget(run_id, &lease_id);
+                if !ended {
+                    return Ok(Ending::Gone);
+                }
                 self.audit("system", "lease.lock_displaced", run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid})).await?;
                 tracing::warn!(run_id, holder = %lease.holder, "the run's lock file was removed or replaced under a live lease; lease ended");
                 Ok(Ending::Displaced)

@@ -1928,6 +1928,56 @@ async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_r
     assert_eq!(now.status, StatusCode::CREATED, "{}", now.body);
 }
 
+/// Concurrent validations that all find the lease's lock file removed end the lease once:
+/// one audit entry, whichever of them got there first.
+#[tokio::test]
+async fn concurrent_calls_that_find_a_displaced_lock_end_the_lease_once() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let lease_id = lease_for_ten_minutes(&app, &run_id).await;
+    std::fs::remove_file(app.root.join("exp/out_run.lock")).expect("remove the lock file");
+    let requests = (0..16)
+        .map(|i| {
+            let mut body = app.validate_body(0.3, 8000);
+            if i % 2 == 0 {
+                body["lease_id"] = lease_id.clone();
+            }
+            (
+                Method::POST,
+                format!("/runs/{run_id}/validate"),
+                COLLECTOR,
+                body,
+            )
+        })
+        .collect();
+    for reply in all_at_once(&app, requests).await {
+        assert!(
+            [StatusCode::OK, StatusCode::CONFLICT].contains(&reply.status),
+            "{} {}",
+            reply.status,
+            reply.body
+        );
+    }
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/audit?run_id={run_id}"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(
+        audit
+            .body
+            .to_string()
+            .matches("lease.lock_displaced")
+            .count(),
+        1,
+        "{}",
+        audit.body
+    );
+}
+
 /// A heartbeat of the lease answers whether it still holds the run.
 async fn lease_is_over(app: &TestApp, run_id: &str, lease_id: &str) -> (StatusCode, String) {
     let reply = app
