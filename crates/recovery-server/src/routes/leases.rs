@@ -30,7 +30,7 @@ pub struct AcquireRequest {
     pub ttl_seconds: Option<u64>,
     /// Also lock this checkpoint directory (two outputs never share checkpoints).
     #[serde(default, deserialize_with = "crate::limits::opt_path")]
-    #[schema(max_length = 4096)]
+    #[schema(min_length = 1, max_length = 4096)]
     pub checkpoint_dir: Option<String>,
 }
 
@@ -80,6 +80,11 @@ async fn lease_request(
     let (_, paths) = state.run(run_id).await?;
     let mut lock_paths = vec![paths.run_lock.clone()];
     if let Some(dir) = &request.checkpoint_dir {
+        // An empty one would resolve to the first root: every run given it would share one
+        // checkpoint lock.
+        if dir.trim().is_empty() {
+            return Err(ApiError::invalid("checkpoint_dir: must not be empty"));
+        }
         let dir = state
             .registry
             .confinement()

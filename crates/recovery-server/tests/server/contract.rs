@@ -917,6 +917,11 @@ async fn lease_names_take_no_control_characters_pids_are_not_negative_and_output
             json!({"holder": "\u{feff}c", "host": "h", "pid": 1}),
             "holder",
         ),
+        (
+            "an empty checkpoint directory (it would name the first root)",
+            json!({"holder": "c", "host": "h", "pid": 1, "checkpoint_dir": ""}),
+            "checkpoint_dir",
+        ),
     ];
     for (case, body, field) in cases {
         let reply = app
