@@ -726,6 +726,14 @@ impl Registry {
                     paths.output.display()
                 ));
             }
+            // Another name of the file may be another run's output: two runs would append to
+            // one file.
+            Ok(m) if std::os::unix::fs::MetadataExt::nlink(&m) > 1 => {
+                return refuse(format!(
+                    "{} has other names (hard links); a run's output has one",
+                    paths.output.display()
+                ));
+            }
             _ => {}
         }
         if paths.output == source {

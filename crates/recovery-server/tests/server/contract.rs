@@ -163,6 +163,34 @@ async fn a_lock_file_that_cannot_be_a_file_is_refused_as_a_path_never_run_locked
     }
 }
 
+/// An output that is another name (a hard link) of another run's output is refused before
+/// anything is written: the two runs would append to one file.
+#[tokio::test]
+async fn an_output_hard_linked_to_another_runs_output_is_refused() {
+    let app = TestApp::new().await;
+    app.create().await;
+    let second = app.root.join("other/out.jsonl");
+    std::fs::create_dir_all(second.parent().expect("dir")).expect("dir");
+    std::fs::hard_link(app.output(), &second).expect("hard link");
+    let mut body = app.create_body();
+    body["output_path"] = json!(second);
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("hard links")),
+        "{}",
+        reply.body
+    );
+    assert!(
+        !app.root.join("other/out_manifest.json").exists(),
+        "nothing written"
+    );
+}
+
 #[tokio::test]
 async fn json_nests_512_levels_on_every_endpoint_and_no_deeper() {
     let app = TestApp::new().await;
