@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import fcntl
 import os
-import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -308,19 +308,26 @@ def test_request_timeout(limits_service: Service) -> None:
     _assert_error(caught, "request_timeout", 408)
 
 
-def test_internal(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:
+def test_internal(
+    client: RecoveryClient, service: Service, new_run: Callable[..., RunSpec]
+) -> None:
     spec = new_run()
-    checkpoints = spec.output.parent / "checkpoints"
-    checkpoints.mkdir()
-    # A socket where the checkpoint directory's lock file belongs cannot be opened (ENXIO): the
-    # service's own failure, never a lock to wait for. (One beside the output is refused as a
-    # path before anything is opened.)
-    holder = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    holder.bind(str(checkpoints / ".collector.lock"))
-    with pytest.raises(InternalError) as caught:
-        client.acquire_lease(spec.run_id, "c", ttl_seconds=30, checkpoint_dir=checkpoints)
+    # The service's own failure, never the request's: its leases table is set aside by hand for
+    # one call (a damaged database), then put back. (Every kind of file planted beside a run is
+    # refused as a path, 422, so none serves here.)
+    database = sqlite3.connect(service.data_dir / "rollout-recovery.db", isolation_level=None)
+    database.execute("PRAGMA busy_timeout = 10000")
+    database.execute("ALTER TABLE leases RENAME TO leases_aside")
+    try:
+        with pytest.raises(InternalError) as caught:
+            client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    finally:
+        database.execute("ALTER TABLE leases_aside RENAME TO leases")
+        database.close()
     _assert_error(caught.value, "internal", 500)
-    holder.close()
+    # Put back, the database serves again.
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    client.release_lease(spec.run_id, lease.lease_id)
 
 
 def test_overloaded_carries_retry_after(client: RecoveryClient, service: Service) -> None:
