@@ -302,6 +302,38 @@ async fn a_run_end_to_end_over_a_real_socket() {
 
 const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
 
+/// A Python collector holding a lock file's `flock` (as `fcntl.flock` takes it) until dropped.
+struct PythonLock(std::process::Child);
+
+impl PythonLock {
+    /// Starts the holder and returns once it holds the lock.
+    fn hold(lock: &Path) -> Self {
+        let mut child = Command::new("python3")
+            .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
+            .arg(lock)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().expect("stdout")),
+            &mut line,
+        )
+        .expect("read");
+        assert_eq!(line.trim(), "locked", "the holder took {}", lock.display());
+        Self(child)
+    }
+}
+
+impl Drop for PythonLock {
+    /// Closes the holder's stdin (it exits, releasing the lock) and waits for it.
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
 fn probe(lock: &Path) -> String {
     let out = Command::new("python3")
         .args(["-c", PYTHON_PROBE])
@@ -628,20 +660,7 @@ async fn a_lease_whose_lock_another_process_took_while_the_service_was_down_ends
     .await;
     assert_eq!(status, 201, "{granted}");
     assert!(server.terminate().success());
-    let mut python = Command::new("python3")
-        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
-        .arg(root.join("exp/out_run.lock"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(python.stdout.as_mut().expect("stdout")),
-        &mut line,
-    )
-    .expect("read");
-    assert_eq!(line.trim(), "locked");
+    let python = PythonLock::hold(&root.join("exp/out_run.lock"));
     let server = Server::start(&data, &root);
     let (status, holder) = call(
         &client,
@@ -681,8 +700,7 @@ async fn a_lease_whose_lock_another_process_took_while_the_service_was_down_ends
     )
     .await;
     assert!(audit.to_string().contains("lease.lost"), "{audit}");
-    drop(python.stdin.take());
-    python.wait().expect("python exits");
+    drop(python);
     let (status, again) = call(
         &client,
         &server,

@@ -1610,19 +1610,7 @@ async fn two_service_processes_and_a_python_collector_contend_for_one_run() {
     assert_eq!(status, 204);
     // A Python collector holding the lock keeps both services out.
     let lock = root.join("exp/out_run.lock");
-    let mut python = Command::new("python3")
-        .args(["-c", "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n"])
-        .arg(&lock)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(python.stdout.as_mut().expect("stdout")),
-        &mut line,
-    )
-    .expect("read");
+    let python = super::PythonLock::hold(&lock);
     let (status, refused) = super::call(
         &client,
         &second,
@@ -1640,8 +1628,7 @@ async fn two_service_processes_and_a_python_collector_contend_for_one_run() {
             .contains("Another collector owns this run"),
         "{refused}"
     );
-    drop(python.stdin.take());
-    python.wait().expect("python exits");
+    drop(python);
     let (status, _) = super::call(
         &client,
         &second,
