@@ -374,19 +374,7 @@ async fn framework_answers_come_out_in_the_error_shape() {
     );
     for undecodable in ["/runs/%ff", "/runs/%ff/plan"] {
         let reply = app.call(Method::GET, undecodable, Some(VIEWER), None).await;
-        assert_eq!(
-            (reply.status, reply.body["code"].as_str()),
-            (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request")),
-            "{undecodable}: {}",
-            reply.body
-        );
-        assert!(
-            reply.body["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("run_id")),
-            "{undecodable}: the message names the parameter: {}",
-            reply.body
-        );
+        assert_invalid_naming(&reply, "run_id", undecodable);
     }
     let forbidden = app.call(Method::POST, "/reindex", Some(VIEWER), None).await;
     assert_eq!(
