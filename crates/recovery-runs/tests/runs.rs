@@ -928,6 +928,51 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
     assert_eq!(all.len(), 6, "every line ever journalled is indexed once");
 }
 
+/// A journal of several batches (each read and parsed while the previous one is inserted) is
+/// indexed whole: every line once, the last included, and nothing read again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_longer_than_a_batch_is_indexed_whole_and_once() {
+    const LINES: u32 = 45_001;
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let paths = registry
+        .paths_for(&root.path().join("m/out.jsonl"))
+        .expect("paths");
+    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
+    let manifest = RunManifest::create("dd".repeat(16), "s", "m", "c", Some(3));
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let at = |n: u32| format!("2026-11-29T10:00:00.{n:06}Z");
+    let journal: String = (0..LINES)
+        .map(|n| {
+            format!(
+                "{{\"at\": \"{}\", \"run_id\": \"{}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d{n}\", \"operational_keys\": [\"a.port\"]}}\n",
+                at(n),
+                manifest.run_id
+            )
+        })
+        .collect();
+    std::fs::write(&paths.resume_drift, journal).expect("journal");
+    let first = registry.reindex().await.expect("reindex");
+    assert_eq!(first.drift_inserted, LINES as usize, "{first:?}");
+    assert!(first.unreadable.is_empty(), "{first:?}");
+    let again = registry.reindex().await.expect("reindex again");
+    assert_eq!(again.drift_inserted, 0, "the mark is past the last line");
+    let last = store
+        .query_drift(&DriftFilter {
+            run_id: Some(manifest.run_id.clone()),
+            from: Some(at(LINES - 1)),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("rows");
+    assert_eq!(
+        last.iter().map(|e| e.at.clone()).collect::<Vec<_>>(),
+        vec![at(LINES - 1)],
+        "the last line of the last batch is indexed"
+    );
+}
+
 #[tokio::test]
 async fn a_revocation_the_database_never_heard_of_is_taken_from_the_journal_by_reindex() {
     let root = tempfile::tempdir().expect("root");
