@@ -11,6 +11,7 @@
 //! run's record and its lease are answered from memory once read, and forgotten by every write
 //! of them (`rowcache.rs`).
 
+mod checkpoint;
 mod owner;
 mod records;
 mod rowcache;
@@ -81,6 +82,8 @@ pub struct Store {
     group: Arc<Group>,
     /// The database's owner in this process: its lock and row caches (see [`owner`]).
     owner: Arc<Owner>,
+    /// SQLite's WAL checkpoints, off the writers' path (see [`checkpoint`]).
+    checkpointer: Option<Arc<checkpoint::Checkpointer>>,
 }
 
 /// An event row written through the group commit ([`Store::insert_grouped`]).
@@ -353,6 +356,11 @@ impl Store {
                         sqlx::query("PRAGMA cache_size = -65536")
                             .execute(&mut *connection)
                             .await?;
+                        // The checkpointer copies the log into the database; a commit does
+                        // only should it fall far behind.
+                        sqlx::query(checkpoint::SAFETY_NET)
+                            .execute(&mut *connection)
+                            .await?;
                     }
                     Ok(())
                 })
@@ -363,12 +371,17 @@ impl Store {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&pool).await?,
         }
+        let checkpointer = match backend {
+            Backend::Sqlite => Some(Arc::new(checkpoint::Checkpointer::start(&url).await?)),
+            Backend::Postgres => None,
+        };
         Ok(Self {
             pool,
             backend,
             advisory_slots: Arc::new(Semaphore::new(connections as usize / 2)),
             group: Arc::default(),
             owner,
+            checkpointer,
         })
     }
 
@@ -424,6 +437,9 @@ impl Store {
     }
 
     pub async fn close(&self) {
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.stop();
+        }
         self.pool.close().await;
     }
 

@@ -926,3 +926,43 @@ async fn cached_runs_and_leases_are_what_the_database_holds_after_concurrent_wri
     agree("after a run superseded another").await;
     store.close().await;
 }
+
+/// SQLite: a commit only appends to the write-ahead log; the store's own checkpointer copies the
+/// log into the database file beside the writers. 2,000 drift events (well under the commits'
+/// own threshold of 64 MB of log) must reach the database file by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_commits_reach_the_database_file_through_the_background_checkpoint() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("store.db");
+    let store = Store::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .expect("sqlite");
+    let size = || std::fs::metadata(&path).map_or(0, |m| m.len());
+    let before = size();
+    let events: Vec<DriftEvent> = (0..2_000)
+        .map(|n| DriftEvent {
+            event_id: format!("{n:032x}"),
+            run_id: "r1".into(),
+            at: format!("2026-11-29T10:00:00.{n:06}Z"),
+            saved_config_digest: "a".repeat(64),
+            current_config_digest: "b".repeat(64),
+            operational_keys: vec!["servers.a.sandbox.sandbox_port".into()],
+        })
+        .collect();
+    assert_eq!(
+        store.insert_drift_events(&events).await.expect("insert"),
+        2_000
+    );
+    let wanted = before + 256 * 1024;
+    // The checkpointer runs on its own clock: wait for its effect, bounded.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while size() < wanted && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        size() >= wanted,
+        "the database file holds {} bytes, {before} before 2,000 events were committed: the log was never checkpointed",
+        size()
+    );
+    store.close().await;
+}

@@ -1,0 +1,72 @@
+//! SQLite's WAL checkpoints taken off the writers' path.
+//!
+//! By default the connection that commits a transaction which takes the write-ahead log past
+//! its threshold copies the log into the database file and waits for the `fsync` (measured
+//! during a reindex: the writer sat in that `fsync` with a core idle, and every commit behind
+//! it waited too). Here one connection of its own checkpoints every [`INTERVAL`] (`PASSIVE`:
+//! never waits for readers or writers), so commits only append to the log while the disk
+//! catches up beside them. The pool's connections keep an automatic checkpoint at a higher
+//! threshold ([`SAFETY_NET`]) should this task fall behind or stop.
+//!
+//! Invariant: the checkpointing task ends when the store's last clone is dropped or the store
+//! is closed; it never holds a pool connection.
+
+use sqlx::{AnyConnection, Connection};
+use std::time::Duration;
+
+/// How often the log is checkpointed: often enough that it stays a few MB under load.
+const INTERVAL: Duration = Duration::from_millis(200);
+
+/// The pool connections' own automatic checkpoint threshold: 16,384 pages of the log (SQLite's
+/// default is 1,000).
+pub(crate) const SAFETY_NET: &str = "PRAGMA wal_autocheckpoint = 16384";
+
+/// The running checkpointer; dropping it stops it.
+#[derive(Debug)]
+pub(crate) struct Checkpointer {
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Checkpointer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Checkpointer {
+    /// Opens the checkpointer's connection to the (already migrated, WAL) database at `url`
+    /// and starts checkpointing.
+    pub(crate) async fn start(url: &str) -> Result<Self, sqlx::Error> {
+        let mut connection = AnyConnection::connect(url).await?;
+        sqlx::query("PRAGMA busy_timeout = 10000")
+            .execute(&mut connection)
+            .await?;
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if let Err(e) = checkpoint(&mut connection).await {
+                    // The writers' own threshold still checkpoints: slower, never lost.
+                    tracing::warn!(error = %e, "a background WAL checkpoint failed");
+                }
+            }
+        });
+        Ok(Self {
+            task: task.abort_handle(),
+        })
+    }
+
+    /// Stops checkpointing (the store is closing).
+    pub(crate) fn stop(&self) {
+        self.task.abort();
+    }
+}
+
+/// Copies what the log holds into the database file, as far as readers allow.
+async fn checkpoint(connection: &mut AnyConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+        .execute(connection)
+        .await?;
+    Ok(())
+}
