@@ -9,7 +9,9 @@
 //! inside that run's per-run mutex (the one [`crate::RunLocks`] uses), and the map of held locks is
 //! locked only for map changes, never across IO; a lease found expired is ended (its `flock`
 //! released) before anyone is told it expired; a heartbeat or release under a lease id that no
-//! longer holds the run fails.
+//! longer holds the run fails; a lease whose lock file was removed or replaced locks the file
+//! now at the path before anything runs under it (the files in place stay locked throughout),
+//! or ends when another process holds that file.
 
 use crate::clock::Clock;
 use crate::runlock::LocalRunLocks;
@@ -61,9 +63,19 @@ enum Ending {
     Expired(Box<Lease>),
     /// Ours locally, but the database no longer records it: forgotten now.
     Gone,
-    /// Ours and live, but its lock file was removed or replaced (another process may lock the
-    /// new one): ended now, as its exclusion no longer holds.
+    /// Ours and live, but its lock file was removed or replaced and another process holds the
+    /// new one: ended now, as its exclusion no longer holds.
     Displaced,
+}
+
+/// What [`Leases::retake`] did.
+enum Retake {
+    /// The files now at the lock paths are locked for the lease.
+    Retaken,
+    /// Another call took them again first.
+    InPlace,
+    /// Another process holds a new file (or it cannot be locked): the lease must end.
+    Refused,
 }
 
 #[derive(Debug)]
@@ -82,6 +94,8 @@ pub struct Leases {
     replica: String,
     local: LocalRunLocks,
     held: Arc<Mutex<HashMap<String, Held>>>,
+    /// One retake of a displaced lock file at a time (see [`Self::retake`]).
+    retaking: Arc<tokio::sync::Mutex<()>>,
     /// No other process grants leases in this database (see [`Self::among_replicas`]).
     sole_process: bool,
 }
@@ -103,6 +117,7 @@ impl Leases {
             replica: replica.into(),
             local: LocalRunLocks::default(),
             held: Arc::new(Mutex::new(HashMap::new())),
+            retaking: Arc::default(),
         }
     }
 
@@ -148,10 +163,11 @@ impl Leases {
             .map(|h| h.lock.clone())
     }
 
-    /// Ends our lease on the run whose lock is `run_lock` if its lock files were removed or
-    /// replaced (audited `lease.lock_displaced`). Call inside the run's mutex: a critical
-    /// section does before it runs under the lease's `flock`, so no change is made under a
-    /// lock that no longer excludes anyone.
+    /// When the lock files of our lease on the run whose lock is `run_lock` were removed or
+    /// replaced: takes the files now at their paths for the lease when they are free (audited
+    /// `lease.lock_retaken`), else ends the lease (audited `lease.lock_displaced`). Call inside
+    /// the run's mutex: a critical section does before it runs under the lease's `flock`, so no
+    /// change is made under a lock that no longer excludes anyone.
     pub async fn end_if_displaced(&self, run_lock: &Path) -> Result<(), LeaseError> {
         let run_id = self
             .held()
@@ -470,6 +486,15 @@ impl Leases {
                 if self.lock_in_place(run_id) {
                     return Ok(Ending::Live);
                 }
+                match self.retake(run_id, &lease_id).await? {
+                    Retake::InPlace => return Ok(Ending::Live),
+                    Retake::Retaken => {
+                        self.audit("system", "lease.lock_retaken", run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid})).await?;
+                        tracing::warn!(run_id, holder = %lease.holder, "the run's lock file was removed or replaced under a live lease; the new file is locked for the lease");
+                        return Ok(Ending::Live);
+                    }
+                    Retake::Refused => {}
+                }
                 // Shared sections of one run may find the displacement together: the one whose
                 // release ended the lease audits it.
                 let ended = self.store.release_lease(run_id, &lease_id).await?;
@@ -491,6 +516,41 @@ impl Leases {
             _ => {
                 self.forget(run_id, &lease_id);
                 Ok(Ending::Gone)
+            }
+        }
+    }
+
+    /// Locks, for our lease `lease_id` on `run_id`, the files now at its displaced lock paths
+    /// (a lock file removed or replaced under the lease, by a cleanup or a copy), so the lease
+    /// keeps excluding everyone and never lapses while nobody else took the run; the files in
+    /// place stay locked throughout. Refused when another process holds a new file. One at a
+    /// time: calls that find the displacement together take the files once.
+    async fn retake(&self, run_id: &str, lease_id: &str) -> Result<Retake, LeaseError> {
+        let _one = self.retaking.lock().await;
+        let old = self
+            .held()
+            .get(run_id)
+            .filter(|h| h.lease_id == lease_id)
+            .map(|h| h.lock.clone());
+        let Some(old) = old else {
+            return Ok(Retake::Refused);
+        };
+        let retaken = tokio::task::spawn_blocking(move || old.retake_displaced())
+            .await
+            .map_err(|e| LeaseError::Join(e.to_string()))?;
+        match retaken {
+            Ok(None) => Ok(Retake::InPlace),
+            Ok(Some(lock)) => {
+                match self.held().get_mut(run_id) {
+                    Some(held) if held.lease_id == lease_id => held.lock = Arc::new(lock),
+                    // The lease was forgotten meanwhile: its locks go with it.
+                    _ => return Ok(Retake::Refused),
+                }
+                Ok(Retake::Retaken)
+            }
+            Err(e) => {
+                tracing::info!(run_id, error = %e, "a displaced lock file could not be taken again for its lease");
+                Ok(Retake::Refused)
             }
         }
     }

@@ -251,14 +251,20 @@ impl RunLocks {
             if lock.is_in_place() {
                 return Ok(Flock::Lease(lock));
             }
-            // The lease's lock file was removed or replaced: another process may hold the file
-            // now at the path. The lease ends first; the section then locks that file as any
-            // section without a lease does.
+            // The lease's lock file was removed or replaced: the file now at the path is taken
+            // for the lease when it is free; when another process holds it, the lease ends and
+            // the section locks that file as any section without a lease does.
             drop(lock);
             self.leases
                 .end_if_displaced(&paths.run_lock)
                 .await
                 .map_err(|e| RunLockError::Lease(Box::new(e)))?;
+            // The new file was free and is now locked for the lease: the section runs under it.
+            if let Some(lock) = self.leases.held_lock(&paths.run_lock)
+                && lock.is_in_place()
+            {
+                return Ok(Flock::Lease(lock));
+            }
         }
         let (run_lock, map) = (paths.run_lock.clone(), self.shared_flocks.clone());
         if shared {

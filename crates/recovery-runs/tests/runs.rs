@@ -399,6 +399,53 @@ fn request(root: &Path, holder: &str, ttl_seconds: i64) -> LeaseRequest {
     }
 }
 
+/// A section of a leased run that is the first to find the lease's lock file removed (nobody
+/// holding the new one) takes the new file for the lease and runs under it: the section is
+/// granted, no other owner can lock the file meanwhile, and the lease goes on (audited once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_section_that_finds_the_lease_lock_file_removed_takes_the_new_one_and_runs_under_it() {
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let paths = registry
+        .paths_for(&root.path().join("m/out.jsonl"))
+        .expect("paths");
+    let lease = registry
+        .leases()
+        .acquire(&LeaseRequest {
+            lock_paths: vec![paths.run_lock.clone()],
+            ..request(root.path(), "collector-a", 600)
+        })
+        .await
+        .expect("lease");
+    std::fs::remove_file(&paths.run_lock).expect("remove the lock file");
+    let section = registry
+        .lock(&paths)
+        .await
+        .expect("the section runs under the lease");
+    assert!(
+        matches!(
+            recovery_sidecar::RunLock::acquire([paths.run_lock.clone()]),
+            Err(recovery_sidecar::LockError::Owned(_))
+        ),
+        "the new lock file is held"
+    );
+    drop(section);
+    registry
+        .leases()
+        .heartbeat("run-1", &lease.lease_id, time::Duration::seconds(600))
+        .await
+        .expect("the lease goes on");
+    let audit = store.list_audit(Some("run-1"), 10).await.expect("audit");
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|a| a.action == "lease.lock_retaken")
+            .count(),
+        1,
+        "{audit:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_hold_the_run_lock_exclusively_until_released_expired_or_taken_over() {
     let root = tempfile::tempdir().expect("root");

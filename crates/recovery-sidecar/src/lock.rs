@@ -9,6 +9,7 @@ use fd_lock::RwLock;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Why a lock was not taken.
 #[derive(Debug, thiserror::Error)]
@@ -30,8 +31,29 @@ pub enum LockError {
 /// Held locks of one run; dropping releases them (see the `Drop` impl).
 #[derive(Debug)]
 pub struct RunLock {
-    /// Each lock file's path, its lock, and the (device, inode) of the file locked.
-    held: Vec<(PathBuf, RwLock<File>, (u64, u64))>,
+    /// Sorted by path.
+    held: Vec<Held>,
+}
+
+/// One locked file.
+#[derive(Debug)]
+struct Held {
+    path: PathBuf,
+    lock: RwLock<File>,
+    /// The (device, inode) of the file locked.
+    identity: (u64, u64),
+    /// A second descriptor of the same open file (so of the same `flock`), from which a lock
+    /// taken again ([`RunLock::retake_displaced`]) keeps this file's lock without a gap.
+    handle: File,
+    /// The `flock` passed to a lock taken again: dropping this one must not release it.
+    handed_over: AtomicBool,
+}
+
+impl Held {
+    fn in_place(&self) -> bool {
+        std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.is_file() && m.dev() == self.identity.0 && m.ino() == self.identity.1)
+    }
 }
 
 impl Drop for RunLock {
@@ -41,8 +63,11 @@ impl Drop for RunLock {
     /// would stay locked against the next section for that long. Taking the guard again on a
     /// lock this descriptor already holds is a no-op that succeeds; dropping it unlocks.
     fn drop(&mut self) {
-        for (_, lock, _) in &mut self.held {
-            if let Ok(guard) = lock.try_write() {
+        for held in &mut self.held {
+            if held.handed_over.load(Ordering::Acquire) {
+                continue;
+            }
+            if let Ok(guard) = held.lock.try_write() {
                 drop(guard);
             }
         }
@@ -60,48 +85,7 @@ impl RunLock {
             held: Vec::with_capacity(paths.len()),
         };
         for path in paths {
-            let io = |source| LockError::Io {
-                path: path.clone(),
-                source,
-            };
-            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(io)?;
-            }
-            let file = match OpenOptions::new()
-                .read(true)
-                .append(true)
-                .create(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                .open(&path)
-            {
-                Ok(file) => file,
-                // A link (ELOOP under O_NOFOLLOW), a directory (EISDIR: opened for writing) or
-                // a socket (ENXIO): the run's files' problem, never the service's.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::ELOOP | libc::EISDIR | libc::ENXIO)
-                    ) =>
-                {
-                    return Err(LockError::NotAFile(path));
-                }
-                Err(e) => return Err(io(e)),
-            };
-            let metadata = file.metadata().map_err(io)?;
-            if !metadata.is_file() {
-                return Err(LockError::NotAFile(path));
-            }
-            let identity = (metadata.dev(), metadata.ino());
-            let mut lock = RwLock::new(file);
-            match lock.try_write() {
-                // The guard would unlock on drop; the lock must live as long as the file instead.
-                Ok(guard) => std::mem::forget(guard),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    return Err(LockError::Owned(path));
-                }
-                Err(e) => return Err(io(e)),
-            }
-            taken.held.push((path, lock, identity));
+            taken.held.push(lock_file(path)?);
         }
         Ok(taken)
     }
@@ -119,13 +103,103 @@ impl RunLock {
     /// while held leaves the `flock` on a file nobody else opens, and a new file at the path
     /// can be locked by another process. Two `lstat`s' worth of work per path.
     pub fn is_in_place(&self) -> bool {
-        self.held.iter().all(|(path, _, (device, inode))| {
-            std::fs::symlink_metadata(path)
-                .is_ok_and(|m| m.is_file() && m.dev() == *device && m.ino() == *inode)
-        })
+        self.held.iter().all(Held::in_place)
     }
 
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
-        self.held.iter().map(|(p, _, _)| p.as_path())
+        self.held.iter().map(|h| h.path.as_path())
     }
+
+    /// The same locks with each removed or replaced file's path locked again (the file now
+    /// there, created when missing): `None` when every file is in place. The files still in
+    /// place pass their `flock` to the new lock, never released in between; this lock then
+    /// releases only the displaced files' (which nobody else can open). When another process
+    /// holds a new file ([`LockError::Owned`]) nothing changes: this lock keeps what it holds.
+    pub fn retake_displaced(&self) -> Result<Option<Self>, LockError> {
+        // Looked at once: a file removed meanwhile is found by the next look.
+        let (placed, displaced): (Vec<&Held>, Vec<&Held>) =
+            self.held.iter().partition(|h| h.in_place());
+        if displaced.is_empty() {
+            return Ok(None);
+        }
+        // The displaced paths first: a refusal drops only their own new locks.
+        let mut fresh = Self { held: Vec::new() };
+        for held in &displaced {
+            fresh.held.push(lock_file(held.path.clone())?);
+        }
+        let mut kept = Vec::new();
+        for held in &placed {
+            let io = |source| LockError::Io {
+                path: held.path.clone(),
+                source,
+            };
+            kept.push(Held {
+                path: held.path.clone(),
+                lock: RwLock::new(held.handle.try_clone().map_err(io)?),
+                identity: held.identity,
+                handle: held.handle.try_clone().map_err(io)?,
+                handed_over: AtomicBool::new(false),
+            });
+        }
+        for held in &placed {
+            held.handed_over.store(true, Ordering::Release);
+        }
+        fresh.held.append(&mut kept);
+        fresh.held.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Some(fresh))
+    }
+}
+
+/// Opens the lock file at `path` (created when missing; never through a link) and takes its
+/// exclusive `flock` without waiting.
+fn lock_file(path: PathBuf) -> Result<Held, LockError> {
+    let io = |source| LockError::Io {
+        path: path.clone(),
+        source,
+    };
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    let file = match OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)
+    {
+        Ok(file) => file,
+        // A link (ELOOP under O_NOFOLLOW), a directory (EISDIR: opened for writing) or a
+        // socket (ENXIO): the run's files' problem, never the service's.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP | libc::EISDIR | libc::ENXIO)
+            ) =>
+        {
+            return Err(LockError::NotAFile(path));
+        }
+        Err(e) => return Err(io(e)),
+    };
+    let metadata = file.metadata().map_err(io)?;
+    if !metadata.is_file() {
+        return Err(LockError::NotAFile(path));
+    }
+    let identity = (metadata.dev(), metadata.ino());
+    let handle = file.try_clone().map_err(io)?;
+    let mut lock = RwLock::new(file);
+    match lock.try_write() {
+        // The guard would unlock on drop; the lock must live as long as the file instead.
+        Ok(guard) => std::mem::forget(guard),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+            return Err(LockError::Owned(path));
+        }
+        Err(e) => return Err(io(e)),
+    }
+    Ok(Held {
+        path,
+        lock,
+        identity,
+        handle,
+        handed_over: AtomicBool::new(false),
+    })
 }

@@ -331,6 +331,59 @@ fn a_run_lock_excludes_a_second_owner_until_released_and_follows_aliases() {
     );
 }
 
+/// A lock whose run-lock file was removed takes the new file at the path again, while the
+/// checkpoint lock still in place passes to the new lock with no moment unlocked (dropping the
+/// old lock releases nothing the new one holds); when another owner holds the new file, the
+/// retake is refused and the old lock keeps what it holds.
+#[test]
+fn a_displaced_lock_file_is_taken_again_without_releasing_the_files_in_place() {
+    let _serial = serial_locks();
+    let dir = tempfile::tempdir().expect("dir");
+    let run_lock = dir.path().join("a_run.lock");
+    let checkpoint = dir.path().join("ckpt/.collector.lock");
+    let owned = |path: &Path| {
+        matches!(
+            RunLock::acquire([path.to_owned()]),
+            Err(LockError::Owned(_))
+        )
+    };
+    let old = RunLock::acquire([run_lock.clone(), checkpoint.clone()]).expect("first owner");
+    assert!(
+        old.retake_displaced().expect("in place").is_none(),
+        "nothing to take again"
+    );
+    std::fs::remove_file(&run_lock).expect("remove the run lock");
+    assert!(!old.is_in_place());
+    assert!(!owned(&run_lock), "nobody holds the new file yet");
+    let new = old
+        .retake_displaced()
+        .expect("the new file is free")
+        .expect("a lock taken again");
+    assert!(new.is_in_place());
+    drop(old);
+    assert!(owned(&run_lock), "the new run-lock file is held");
+    assert!(
+        owned(&checkpoint),
+        "the checkpoint lock passed to the new lock: dropping the old one did not release it"
+    );
+    drop(new);
+    assert!(
+        !owned(&run_lock) && !owned(&checkpoint),
+        "all released with the new lock"
+    );
+
+    let old = RunLock::acquire([run_lock.clone()]).expect("owner again");
+    std::fs::remove_file(&run_lock).expect("remove again");
+    let other = RunLock::acquire([run_lock.clone()]).expect("another owner takes the new file");
+    match old.retake_displaced() {
+        Err(LockError::Owned(path)) => assert_eq!(path, run_lock),
+        other => panic!("the new file is another owner's: {other:?}"),
+    }
+    drop(old);
+    assert!(owned(&run_lock), "the other owner keeps the new file");
+    drop(other);
+}
+
 /// A forked process holds a copy of every descriptor until it execs or exits; a released run
 /// lock must be free at once all the same (a collector's judge spawned at the wrong moment
 /// never keeps the next section out).

@@ -1876,8 +1876,8 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
 }
 
 /// Two runs sharing a checkpoint directory: with its `.collector.lock` removed under the first
-/// run's lease, the second run's lease is still refused (the first lease holds it), and is
-/// granted once the first lease ended at its next use.
+/// run's lease, the second run's lease is refused (the first lease holds the directory), before
+/// and after the first lease's next use took the new lock file for it; the first lease goes on.
 #[tokio::test]
 async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_run() {
     let app = TestApp::new().await;
@@ -1911,13 +1911,18 @@ async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_r
         .await;
     assert_eq!(refused.status, StatusCode::LOCKED, "{}", refused.body);
     assert_eq!(refused.body["details"]["holder"]["holder"], "first");
-    // The first lease's next use finds its lock displaced and ends it.
+    // The first lease's next use finds its lock file displaced and takes the new one.
     let lease_id = granted.body["lease_id"].as_str().expect("lease id");
     assert_eq!(
         lease_is_over(&app, &first, lease_id).await,
-        (StatusCode::CONFLICT, "lease_not_held".to_owned())
+        (StatusCode::OK, String::new()),
+        "the first lease goes on"
     );
-    let now = app
+    assert!(
+        !python_can_lock(&app.root.join("ck/shared/.collector.lock")),
+        "the new checkpoint lock file is held for the first lease"
+    );
+    let still = app
         .call(
             Method::POST,
             &format!("/runs/{second}/lease"),
@@ -1925,13 +1930,16 @@ async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_r
             Some(lease("second")),
         )
         .await;
-    assert_eq!(now.status, StatusCode::CREATED, "{}", now.body);
+    assert_eq!(still.status, StatusCode::LOCKED, "{}", still.body);
+    assert_eq!(still.body["details"]["holder"]["holder"], "first");
 }
 
-/// Concurrent validations that all find the lease's lock file removed end the lease once:
-/// one audit entry, whichever of them got there first.
+/// Concurrent validations that all find the lease's lock file removed (nobody holding the new
+/// one) take the new file for the lease once: one audit entry, whichever of them got there
+/// first; the lease's holder is answered, everyone else is refused as before, and no other
+/// process can lock the new file.
 #[tokio::test]
-async fn concurrent_calls_that_find_a_displaced_lock_end_the_lease_once() {
+async fn concurrent_calls_that_find_a_removed_lock_file_take_the_new_one_for_the_lease_once() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
     let lease_id = lease_for_ten_minutes(&app, &run_id).await;
@@ -1950,14 +1958,23 @@ async fn concurrent_calls_that_find_a_displaced_lock_end_the_lease_once() {
             )
         })
         .collect();
-    for reply in all_at_once(&app, requests).await {
-        assert!(
-            [StatusCode::OK, StatusCode::CONFLICT].contains(&reply.status),
-            "{} {}",
-            reply.status,
-            reply.body
-        );
+    for (i, reply) in all_at_once(&app, requests).await.into_iter().enumerate() {
+        let expected = if i % 2 == 0 {
+            StatusCode::OK
+        } else {
+            StatusCode::LOCKED
+        };
+        assert_eq!(reply.status, expected, "call {i}: {}", reply.body);
     }
+    assert!(
+        !python_can_lock(&app.root.join("exp/out_run.lock")),
+        "the new lock file is held for the lease"
+    );
+    assert_eq!(
+        lease_is_over(&app, &run_id, lease_id.as_str().expect("lease id")).await,
+        (StatusCode::OK, String::new()),
+        "the lease goes on"
+    );
     let audit = app
         .call(
             Method::GET,
@@ -1967,12 +1984,13 @@ async fn concurrent_calls_that_find_a_displaced_lock_end_the_lease_once() {
         )
         .await;
     assert_eq!(
-        audit
-            .body
-            .to_string()
-            .matches("lease.lock_displaced")
-            .count(),
+        audit.body.to_string().matches("lease.lock_retaken").count(),
         1,
+        "{}",
+        audit.body
+    );
+    assert!(
+        !audit.body.to_string().contains("lease.lock_displaced"),
         "{}",
         audit.body
     );
