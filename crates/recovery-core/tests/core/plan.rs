@@ -7,7 +7,7 @@ use recovery_core::journals::{attempt_extension, rerun_masked_approvals, resubmi
 use recovery_core::manifest::RunManifest;
 use recovery_core::plan::{
     Artifact, Budget, IndexOptions, JsonlMark, MemoryLines, OutcomesError, PlanError, PlanState,
-    ResumePlan, RunIndex, index_outcomes,
+    PlanSummary, PlanView, ResumePlan, RunIndex, index_outcomes,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
@@ -79,6 +79,16 @@ impl Run {
         budget: Budget,
         approvals: &BTreeSet<(i64, i64, i64)>,
     ) -> Result<ResumePlan, PlanError> {
+        self.with_view(budget, approvals, |view| view.plan())
+    }
+
+    /// Indexes the run and hands its plan view to `look`.
+    fn with_view<T>(
+        &self,
+        budget: Budget,
+        approvals: &BTreeSet<(i64, i64, i64)>,
+        look: impl FnOnce(&PlanView<'_>) -> T,
+    ) -> Result<T, PlanError> {
         let inventory = self.inventory.iter().map(|row| {
             IdentityFacts::from_line(row.to_string().as_bytes())
                 .expect("row")
@@ -119,9 +129,12 @@ impl Run {
                 other => panic!("{other}"),
             })?;
         }
-        Ok(index
-            .view(&self.manifest, &reservations, &budget, approvals)
-            .plan())
+        Ok(look(&index.view(
+            &self.manifest,
+            &reservations,
+            &budget,
+            approvals,
+        )))
     }
 
     fn default_plan(&self) -> ResumePlan {
@@ -888,4 +901,90 @@ fn item_8_masked_judge_failures_that_kept_an_answer_are_judge_recoverable() {
         PlanState::Masked,
         "nothing to re-judge"
     );
+}
+
+/// A large inventory is decided in parts on several threads and the parts merged: its summary
+/// counts exactly what a small inventory of the same pattern counts (decided in one part), a
+/// hundred times over, and each state's positions are every rollout in that state, in order.
+#[test]
+fn a_large_inventory_summarized_in_parts_counts_as_a_small_one_scaled() {
+    // A delivered, non-terminal failure: counted against the cap.
+    let counted = |t: i64, a: i64| {
+        let record = json!({"schema_version": 1, "episode_id": {"rollout_id": format!("{t}-0"), "attempt": a}, "run_id": RUN, "source": "collector",
+            "delivery": "delivered", "failure": {"failure_reason": "boom", "terminal": false, "failure_kind": "transport_peer_drop"}, "http_status": null, "exception_type": null});
+        json!({"_ng_failure_class": "transport_peer_drop", "_ng_failure_terminal": false, "_ng_failure_record": record})
+    };
+    let pattern = |tasks: i64| {
+        (0..tasks).fold(Run::new(tasks), |run, t| match t % 6 {
+            0 => run.result(t, 0, scored()),
+            1 => run.failure(t, 0, counted(t, 0)),
+            2 => (0..3).fold(run, |run, a| run.failure(t, a, counted(t, a))),
+            3 => run.reserve(t, 2),
+            4 => run.result(t, 0, json!({"response": {"output": []}})),
+            _ => run,
+        })
+    };
+    let summary = |tasks: i64| -> (PlanSummary, ResumePlan) {
+        let run = pattern(tasks);
+        let none = BTreeSet::new();
+        let summary = run
+            .with_view(Budget::default(), &none, |view| view.summary())
+            .expect("summary");
+        (summary, run.default_plan())
+    };
+    let ((small, _), (large, large_plan)) = (summary(300), summary(30_000));
+    let scaled = [
+        "expected",
+        "successful",
+        "measured",
+        "masked",
+        "unscored",
+        "failed",
+        "intentionally_omitted",
+        "unknown",
+        "never_dispatched",
+        "attempts",
+        "counted_failures",
+        "attempts_exhausted",
+        "scored",
+        "failures_counted_as_zero",
+    ];
+    let (small_coverage, large_coverage) = (
+        serde_json::to_value(&small.coverage).expect("json"),
+        serde_json::to_value(&large.coverage).expect("json"),
+    );
+    for field in scaled {
+        assert_eq!(
+            large_coverage[field].as_u64().map(|n| n as f64),
+            small_coverage[field].as_u64().map(|n| n as f64 * 100.0),
+            "{field}"
+        );
+    }
+    assert!(
+        small.coverage.counted_failures > 0 && small.coverage.attempts_exhausted > 0,
+        "the pattern counts failures and exhausts rollouts: {small_coverage}"
+    );
+    assert!(small.state_counts.len() >= 4, "{:?}", small.state_counts);
+    for (state, count) in &small.state_counts {
+        assert_eq!(
+            large.state_counts.get(state),
+            Some(&(count * 100)),
+            "{state:?}"
+        );
+        let (positions, more) = large.positions(Some(*state), None, usize::MAX);
+        let in_state: Vec<usize> = large_plan
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.state == *state)
+            .map(|(p, _)| p)
+            .collect();
+        assert!(!more);
+        assert!(
+            positions == in_state,
+            "{state:?}: every rollout in the state, in order ({} positions, {} rollouts)",
+            positions.len(),
+            in_state.len()
+        );
+    }
 }
