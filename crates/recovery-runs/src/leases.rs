@@ -596,8 +596,9 @@ impl Leases {
         request: &LeaseRequest,
     ) -> Result<(Lease, Option<Lease>), LeaseError> {
         let _run = self.local.lock(&request.run_lock()).await;
-        // A lease of ours whose lock file was displaced ends first: the new holder's lock is
-        // then taken on the file now at the path, never kept on a file nobody else opens.
+        // A lease of ours whose lock file was displaced first locks the file now at the path
+        // (or ends when another process holds it): the new holder's lock is never kept on a
+        // file nobody else opens.
         self.end_if_expired(&request.run_id).await?;
         let lease = self.lease_for(request, recovery_sidecar::new_id());
         if self.held_entry(&request.run_id).is_none() {
