@@ -134,6 +134,12 @@ impl ApiError {
         Self::new(ErrorCode::InvalidRequest, message)
     }
 
+    /// An `invalid_request` about one field, named in the message and as `details.field` (a
+    /// body field's path, such as `rows[3]`, or a query parameter) for clients to act on.
+    pub fn invalid_field(field: &str, message: impl Into<String>) -> Self {
+        Self::invalid(message).with_details(serde_json::json!({ "field": field }))
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::NotFound, message)
     }
@@ -413,9 +419,10 @@ pub fn page_limit(limit: Option<u32>, default: u32) -> ApiResult<u32> {
     match limit {
         None => Ok(default),
         Some(limit @ 1..=MAX_PAGE) => Ok(limit),
-        Some(other) => Err(ApiError::invalid(format!(
-            "limit: {other} is outside 1-{MAX_PAGE}"
-        ))),
+        Some(other) => Err(ApiError::invalid_field(
+            "limit",
+            format!("limit: {other} is outside 1-{MAX_PAGE}"),
+        )),
     }
 }
 
@@ -501,6 +508,14 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ApiJsonBytes {
     }
 }
 
+/// The field serde names in a "missing field `x`" or "unknown field `x`, ..." message.
+fn named_field(message: &str) -> Option<String> {
+    let rest = message
+        .strip_prefix("missing field `")
+        .or_else(|| message.strip_prefix("unknown field `"))?;
+    rest.split_once('`').map(|(field, _)| field.to_owned())
+}
+
 /// Parses a JSON body read by [`ApiJsonBytes`] (on a blocking thread for large bodies), naming
 /// the field at fault.
 pub fn parse_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8]) -> ApiResult<T> {
@@ -524,9 +539,14 @@ pub fn parse_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8]) -> ApiR
         if inner.is_syntax() || inner.is_eof() {
             ApiError::invalid(format!("body: malformed JSON: {inner}"))
         } else if path == "." {
-            ApiError::invalid(format!("body: {inner}"))
+            // A missing or unknown field is named only by serde's message.
+            let message = format!("body: {inner}");
+            match named_field(&inner.to_string()) {
+                Some(field) => ApiError::invalid_field(&field, message),
+                None => ApiError::invalid(message),
+            }
         } else {
-            ApiError::invalid(format!("body: {path}: {inner}"))
+            ApiError::invalid_field(&path, format!("body: {path}: {inner}"))
         }
     })?;
     deserializer

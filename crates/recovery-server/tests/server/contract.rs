@@ -45,6 +45,62 @@ fn assert_invalid_naming(reply: &Reply, field: &str, context: &str) {
     );
 }
 
+/// A refused field is named for programs too, as `details.field`: a body field of the wrong
+/// type (its path), a missing or unknown field, and a query parameter.
+#[tokio::test]
+async fn an_invalid_field_is_named_in_details() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let mut wrong_type = app.validate_body(0.3, 8000);
+    wrong_type["allow_unsafe"] = json!("yes");
+    let mut missing = app.create_body();
+    missing
+        .as_object_mut()
+        .expect("object")
+        .remove("output_path");
+    let mut unknown = app.create_body();
+    unknown["output_pth"] = json!("typo.jsonl");
+    let cases = [
+        (
+            Method::POST,
+            format!("/runs/{run_id}/validate"),
+            COLLECTOR,
+            Some(wrong_type),
+            "allow_unsafe",
+        ),
+        (
+            Method::POST,
+            "/runs".to_owned(),
+            COLLECTOR,
+            Some(missing),
+            "output_path",
+        ),
+        (
+            Method::POST,
+            "/runs".to_owned(),
+            COLLECTOR,
+            Some(unknown),
+            "output_pth",
+        ),
+        (
+            Method::GET,
+            "/drift?limit=5000".to_owned(),
+            VIEWER,
+            None,
+            "limit",
+        ),
+    ];
+    for (method, uri, token, body, field) in cases {
+        let reply = app.call(method, &uri, Some(token), body).await;
+        assert_invalid_naming(&reply, field, &uri);
+        assert_eq!(
+            reply.body["details"]["field"], field,
+            "{uri}: {}",
+            reply.body
+        );
+    }
+}
+
 #[tokio::test]
 async fn every_list_refuses_a_limit_outside_one_to_a_thousand() {
     let app = TestApp::new().await;
