@@ -102,6 +102,10 @@ struct Group {
     leader: Arc<tokio::sync::Mutex<()>>,
 }
 
+/// The most rows one list query returns: a page of up to 1,000 and the row after it, by which
+/// the caller knows another page follows (a cap of 1,000 hid every page after a full one).
+pub const MAX_ROWS: u32 = 1001;
+
 const SQLITE_CONNECTIONS: u32 = 4;
 const POSTGRES_CONNECTIONS: u32 = 16;
 
@@ -597,7 +601,7 @@ impl Store {
         }
         sql.push_str(&format!(
             " ORDER BY created_at DESC, run_id DESC LIMIT {}",
-            limit.clamp(1, 1000)
+            limit.clamp(1, MAX_ROWS)
         ));
         let mut query = sqlx::query(&sql);
         for value in &binds {
@@ -646,7 +650,7 @@ impl Store {
             "SELECT event_id, run_id, output_path, at, outcome, message, reasons, semantic_keys, operational_keys, \
              saved_config_digest, current_config_digest, client FROM resume_events WHERE run_id = $1 \
              ORDER BY at DESC, event_id DESC LIMIT {}",
-            limit.clamp(1, 1000)
+            limit.clamp(1, MAX_ROWS)
         );
         let rows = sqlx::query(&sql).bind(run_id).fetch_all(&self.pool).await?;
         rows.iter()
@@ -861,7 +865,7 @@ impl Store {
         }
         sql.push_str(&format!(
             " ORDER BY {o}.at, {o}.event_id LIMIT {}",
-            filter.limit.clamp(1, 1000)
+            filter.limit.clamp(1, MAX_ROWS)
         ));
         let mut query = sqlx::query(&sql);
         for value in &binds {
@@ -1380,7 +1384,7 @@ impl Store {
         }
         sql.push_str(&format!(
             " ORDER BY at DESC, audit_id DESC LIMIT {}",
-            filter.limit.clamp(1, 1000)
+            filter.limit.clamp(1, MAX_ROWS)
         ));
         let mut query = sqlx::query(&sql);
         for value in &binds {

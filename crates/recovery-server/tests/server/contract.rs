@@ -101,6 +101,73 @@ async fn an_invalid_field_is_named_in_details() {
     }
 }
 
+/// A full page at the largest size still says whether another follows: 1,001 drift events come
+/// back as a page of 1,000 with a cursor and a page of one, on the run's list and the global one.
+#[tokio::test]
+async fn a_full_page_of_a_thousand_continues_to_the_next() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let events: Vec<recovery_store::DriftEvent> = (0..1001)
+        .map(|n| recovery_store::DriftEvent {
+            event_id: format!("{n:032x}"),
+            run_id: run_id.clone(),
+            at: format!("2026-11-29T10:00:00.{n:06}Z"),
+            saved_config_digest: "a".repeat(64),
+            current_config_digest: "b".repeat(64),
+            operational_keys: vec!["servers.a.port".into()],
+        })
+        .collect();
+    app.state
+        .registry
+        .store()
+        .insert_drift_events(&events)
+        .await
+        .expect("events");
+    for list in [format!("/runs/{run_id}/drift"), "/drift".to_owned()] {
+        let first = app
+            .call(
+                Method::GET,
+                &format!("{list}?limit=1000"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_eq!(first.status, StatusCode::OK, "{list}: {}", first.body);
+        assert_eq!(
+            first.body["events"].as_array().map(Vec::len),
+            Some(1000),
+            "{list}"
+        );
+        let cursor = first.body["next_cursor"].as_str().unwrap_or_else(|| {
+            panic!(
+                "{list}: a full page has a cursor: {}",
+                first.body["next_cursor"]
+            )
+        });
+        let second = app
+            .call(
+                Method::GET,
+                &format!(
+                    "{list}?limit=1000&cursor={}",
+                    cursor
+                        .bytes()
+                        .map(|b| format!("%{b:02X}"))
+                        .collect::<String>()
+                ),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_eq!(
+            second.body["events"].as_array().map(Vec::len),
+            Some(1),
+            "{list}: {}",
+            second.body
+        );
+        assert!(second.body["next_cursor"].is_null(), "{list}");
+    }
+}
+
 #[tokio::test]
 async fn every_list_refuses_a_limit_outside_one_to_a_thousand() {
     let app = TestApp::new().await;
