@@ -332,6 +332,13 @@ impl Leases {
                 .collect();
             if let Some(moved) = paths.iter().find(|p| !confined(p)) {
                 tracing::warn!(run_id = %lease.run_id, lock = %moved.display(), "a live lease's lock is no longer under the roots; not taken again");
+                if self.was_ours(&lease) {
+                    self.end_lost(
+                        &lease,
+                        "its lock file is no longer under the service's roots",
+                    )
+                    .await?;
+                }
                 continue;
             }
             // The run's own lock sorts first in the request, but not necessarily by name.
@@ -350,12 +357,22 @@ impl Leases {
             {
                 Ok(lock) => lock,
                 Err(LockError::Owned(_)) if self.was_ours(&lease) => {
-                    self.end_lost(&lease).await?;
+                    self.end_lost(
+                        &lease,
+                        "another process took the run's lock while the service was down",
+                    )
+                    .await?;
                     continue;
                 }
                 Err(LockError::Owned(_)) => continue,
                 Err(e) => {
                     tracing::warn!(run_id = %lease.run_id, error = %e, "a live lease's locks could not be taken again");
+                    // Its lock path is no lock file now (a link, FIFO or directory): the lease
+                    // excludes nobody, so it is not reported live with the run unusable.
+                    if self.was_ours(&lease) {
+                        self.end_lost(&lease, "its lock file could not be taken again")
+                            .await?;
+                    }
                     continue;
                 }
             };
@@ -446,15 +463,17 @@ impl Leases {
         self.sole_process || lease.replica == self.replica
     }
 
-    /// Ends a lease of ours whose run lock another process took while the service was down (a
-    /// collector that did not wait): its exclusion is gone, so it is not reported live; its
-    /// holder's next renewal is refused as it would be anyway. Audited `lease.lost`.
-    async fn end_lost(&self, lease: &Lease) -> Result<(), LeaseError> {
+    /// Ends a lease of ours whose locks could not be taken again at the start (another process
+    /// took the run lock while the service was down, a collector that did not wait; or the lock
+    /// path is no lock file under the roots now): its exclusion is gone, so it is not reported
+    /// live; its holder's next renewal is refused as it would be anyway. Audited `lease.lost`
+    /// with `why`.
+    async fn end_lost(&self, lease: &Lease, why: &str) -> Result<(), LeaseError> {
         self.store
             .release_lease(&lease.run_id, &lease.lease_id)
             .await?;
-        self.audit("system", "lease.lost", &lease.run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "why": "another process took the run's lock while the service was down"})).await?;
-        tracing::warn!(run_id = %lease.run_id, holder = %lease.holder, "another process took a lease's run lock while the service was down; lease ended");
+        self.audit("system", "lease.lost", &lease.run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "why": why})).await?;
+        tracing::warn!(run_id = %lease.run_id, holder = %lease.holder, why, "a live lease's locks could not be taken again at the start; lease ended");
         Ok(())
     }
 

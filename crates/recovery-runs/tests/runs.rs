@@ -572,6 +572,54 @@ async fn sixty_four_concurrent_acquirers_of_one_run_get_exactly_one_lease() {
     assert_eq!(granted, 1, "exactly one of 64 acquirers holds the run");
 }
 
+/// At the start, a lease of this service whose lock path is no lock file now (a link, FIFO or
+/// directory put there while it was down), or no longer under the roots, is ended (audited
+/// `lease.lost`, saying why) instead of staying live with the run unusable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_lock_path_is_no_lock_file_at_the_start_is_ended() {
+    type Spoil = fn(&Path);
+    let cases: [(&str, Spoil, bool); 3] = [
+        (
+            "a symbolic link",
+            |lock| std::os::unix::fs::symlink("elsewhere.lock", lock).expect("link"),
+            true,
+        ),
+        (
+            "a directory",
+            |lock| std::fs::create_dir(lock).expect("dir"),
+            true,
+        ),
+        ("outside the roots", |_| {}, false),
+    ];
+    for (case, spoil, confined) in cases {
+        let root = tempfile::tempdir().expect("root");
+        let store = sqlite_store(root.path()).await;
+        let clock: Arc<SystemClock> = Arc::new(SystemClock);
+        let before = Leases::new(store.clone(), clock.clone(), "replica-a");
+        before
+            .acquire(&request(root.path(), "collector-a", 600))
+            .await
+            .expect("granted");
+        // The service stops (its flock goes with it, the lease row stays).
+        drop(before);
+        let lock = root.path().join("out_run.lock");
+        std::fs::remove_file(&lock).expect("remove");
+        spoil(&lock);
+        let after = Leases::new(store.clone(), clock, "replica-a");
+        let adopted = after.adopt_live(|_| confined).await.expect("start");
+        assert!(adopted.is_empty(), "{case}");
+        assert!(
+            store.get_lease("run-1").await.expect("row").is_none(),
+            "{case}: the lease ended"
+        );
+        let audit = store.list_audit(Some("run-1"), 10).await.expect("audit");
+        assert!(
+            audit.iter().any(|a| a.action == "lease.lost"),
+            "{case}: {audit:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_lease_whose_replica_stopped_is_taken_again_by_exactly_one_of_many_starting_replicas()
  {

@@ -375,8 +375,9 @@ fn lock_error(error: recovery_sidecar::LockError) -> ApiError {
         owned @ recovery_sidecar::LockError::Owned(_) => {
             ApiError::new(ErrorCode::RunLocked, owned.to_string())
         }
-        not_a_file @ recovery_sidecar::LockError::NotAFile(_) => {
-            ApiError::new(ErrorCode::PathRefused, not_a_file.to_string())
+        refused @ (recovery_sidecar::LockError::NotAFile(_)
+        | recovery_sidecar::LockError::Moved(_)) => {
+            ApiError::new(ErrorCode::PathRefused, refused.to_string())
         }
         io @ recovery_sidecar::LockError::Io { .. } => {
             ApiError::internal("opening the run's lock file", io)

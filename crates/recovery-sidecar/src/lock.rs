@@ -6,8 +6,8 @@
 //! and this service exclude each other on the same files.
 
 use fd_lock::RwLock;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -20,6 +20,10 @@ pub enum LockError {
     /// of the run's files, never a lock to wait for nor the service's failure.
     #[error("lock file {} is not a regular file (a symbolic link, FIFO, socket or directory is never used)", .0.display())]
     NotAFile(PathBuf),
+    /// Taking a lock again: the lock file's directory is no longer the directory the lock was
+    /// first taken in (moved, removed, or replaced by a link to elsewhere).
+    #[error("the directory of lock file {} is no longer the one its lock was taken in", .0.display())]
+    Moved(PathBuf),
     #[error("cannot open lock file {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -33,6 +37,10 @@ pub enum LockError {
 pub struct RunLock {
     /// Sorted by path.
     held: Vec<Held>,
+    /// Files removed or replaced while locked, still locked: a process that opened one before
+    /// it went, and waits for its `flock`, must not get it while this lock stands (it would take
+    /// itself for the run's owner).
+    retired: Vec<Held>,
 }
 
 /// One locked file.
@@ -42,6 +50,9 @@ struct Held {
     lock: RwLock<File>,
     /// The (device, inode) of the file locked.
     identity: (u64, u64),
+    /// The (device, inode) of the directory it was opened in: a lock taken again is taken in
+    /// that directory only.
+    directory: (u64, u64),
     /// A second descriptor of the same open file (so of the same `flock`), from which a lock
     /// taken again ([`RunLock::retake_displaced`]) keeps this file's lock without a gap.
     handle: File,
@@ -50,6 +61,23 @@ struct Held {
 }
 
 impl Held {
+    /// The same `flock`, through a second descriptor of the same open file, for another lock
+    /// (this one is then marked handed over by the caller).
+    fn pass_on(&self) -> Result<Held, LockError> {
+        let io = |source| LockError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        Ok(Held {
+            path: self.path.clone(),
+            lock: RwLock::new(self.handle.try_clone().map_err(io)?),
+            identity: self.identity,
+            directory: self.directory,
+            handle: self.handle.try_clone().map_err(io)?,
+            handed_over: AtomicBool::new(false),
+        })
+    }
+
     fn in_place(&self) -> bool {
         std::fs::symlink_metadata(&self.path)
             .is_ok_and(|m| m.is_file() && m.dev() == self.identity.0 && m.ino() == self.identity.1)
@@ -63,7 +91,7 @@ impl Drop for RunLock {
     /// would stay locked against the next section for that long. Taking the guard again on a
     /// lock this descriptor already holds is a no-op that succeeds; dropping it unlocks.
     fn drop(&mut self) {
-        for held in &mut self.held {
+        for held in self.held.iter_mut().chain(self.retired.iter_mut()) {
             if held.handed_over.load(Ordering::Acquire) {
                 continue;
             }
@@ -82,10 +110,11 @@ impl RunLock {
         paths.dedup();
         // Built up in place, so a lock refused midway releases the ones taken (by `Drop`).
         let mut taken = Self {
+            retired: Vec::new(),
             held: Vec::with_capacity(paths.len()),
         };
         for path in paths {
-            taken.held.push(lock_file(path)?);
+            taken.held.push(lock_file(path, None)?);
         }
         Ok(taken)
     }
@@ -111,10 +140,12 @@ impl RunLock {
     }
 
     /// The same locks with each removed or replaced file's path locked again (the file now
-    /// there, created when missing): `None` when every file is in place. The files still in
-    /// place pass their `flock` to the new lock, never released in between; this lock then
-    /// releases only the displaced files' (which nobody else can open). When another process
-    /// holds a new file ([`LockError::Owned`]) nothing changes: this lock keeps what it holds.
+    /// there, created when missing, in the directory the first lock was taken in): `None` when
+    /// every file is in place. Every `flock` this lock holds passes to the new one, never
+    /// released in between: the files in place, and the displaced ones too (until the new lock
+    /// ends), so dropping this lock releases nothing. When another process holds a new file
+    /// ([`LockError::Owned`]), or the directory changed ([`LockError::Moved`]), nothing
+    /// changes: this lock keeps what it holds.
     pub fn retake_displaced(&self) -> Result<Option<Self>, LockError> {
         // Looked at once: a file removed meanwhile is found by the next look.
         let (placed, displaced): (Vec<&Held>, Vec<&Held>) =
@@ -123,25 +154,25 @@ impl RunLock {
             return Ok(None);
         }
         // The displaced paths first: a refusal drops only their own new locks.
-        let mut fresh = Self { held: Vec::new() };
+        let mut fresh = Self {
+            held: Vec::new(),
+            retired: Vec::new(),
+        };
         for held in &displaced {
-            fresh.held.push(lock_file(held.path.clone())?);
+            fresh
+                .held
+                .push(lock_file(held.path.clone(), Some(held.directory))?);
         }
+        // Every lock this one holds passes to the new one: the files in place, and the
+        // displaced ones (kept until the new lock ends).
         let mut kept = Vec::new();
         for held in &placed {
-            let io = |source| LockError::Io {
-                path: held.path.clone(),
-                source,
-            };
-            kept.push(Held {
-                path: held.path.clone(),
-                lock: RwLock::new(held.handle.try_clone().map_err(io)?),
-                identity: held.identity,
-                handle: held.handle.try_clone().map_err(io)?,
-                handed_over: AtomicBool::new(false),
-            });
+            kept.push(held.pass_on()?);
         }
-        for held in &placed {
+        for held in displaced.iter().copied().chain(&self.retired) {
+            fresh.retired.push(held.pass_on()?);
+        }
+        for held in self.held.iter().chain(&self.retired) {
             held.handed_over.store(true, Ordering::Release);
         }
         fresh.held.append(&mut kept);
@@ -151,34 +182,54 @@ impl RunLock {
 }
 
 /// Opens the lock file at `path` (created when missing; never through a link) and takes its
-/// exclusive `flock` without waiting.
-fn lock_file(path: PathBuf) -> Result<Held, LockError> {
+/// exclusive `flock` without waiting. A first lock creates missing directories; a lock taken
+/// again (`directory`: where the first was opened) opens the file only in that same directory,
+/// never in one created since or reached through a link put in its place.
+fn lock_file(path: PathBuf, directory: Option<(u64, u64)>) -> Result<Held, LockError> {
+    use rustix::fs::{Mode, OFlags};
     let io = |source| LockError::Io {
         path: path.clone(),
         source,
     };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Some(name) = path.file_name() else {
+        return Err(LockError::NotAFile(path));
+    };
+    if directory.is_none() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let file = match OpenOptions::new()
-        .read(true)
-        .append(true)
-        .create(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(&path)
-    {
-        Ok(file) => file,
+    let dir = rustix::fs::open(
+        parent,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io(e.into()))?;
+    let stat = rustix::fs::fstat(&dir).map_err(|e| io(e.into()))?;
+    let opened_in = (stat.st_dev, stat.st_ino);
+    if directory.is_some_and(|first| first != opened_in) {
+        return Err(LockError::Moved(path));
+    }
+    let file = match rustix::fs::openat(
+        &dir,
+        name,
+        OFlags::RDWR
+            | OFlags::APPEND
+            | OFlags::CREATE
+            | OFlags::NOFOLLOW
+            | OFlags::NONBLOCK
+            | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o666),
+    ) {
+        Ok(fd) => File::from(fd),
         // A link (ELOOP under O_NOFOLLOW), a directory (EISDIR: opened for writing) or a
         // socket (ENXIO): the run's files' problem, never the service's.
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ELOOP | libc::EISDIR | libc::ENXIO)
-            ) =>
-        {
+        Err(e) if matches!(e.raw_os_error(), libc::ELOOP | libc::EISDIR | libc::ENXIO) => {
             return Err(LockError::NotAFile(path));
         }
-        Err(e) => return Err(io(e)),
+        Err(e) => return Err(io(e.into())),
     };
     let metadata = file.metadata().map_err(io)?;
     if !metadata.is_file() {
@@ -199,6 +250,7 @@ fn lock_file(path: PathBuf) -> Result<Held, LockError> {
         path,
         lock,
         identity,
+        directory: opened_in,
         handle,
         handed_over: AtomicBool::new(false),
     })

@@ -384,6 +384,54 @@ fn a_displaced_lock_file_is_taken_again_without_releasing_the_files_in_place() {
     drop(other);
 }
 
+/// A lock taken again keeps the removed file locked until it ends (a process that opened the
+/// old file before it went never gets its `flock` meanwhile), and is taken only in the directory
+/// the first lock was taken in: a directory moved away and replaced by a link to elsewhere, or
+/// removed, refuses the retake and creates nothing.
+#[test]
+fn a_lock_taken_again_keeps_the_removed_file_and_stays_in_its_directory() {
+    let _serial = serial_locks();
+    let dir = tempfile::tempdir().expect("dir");
+    let run_dir = dir.path().join("run");
+    let run_lock = run_dir.join("a_run.lock");
+    let old = RunLock::acquire([run_lock.clone()]).expect("first owner");
+    let mut waiter =
+        fd_lock::RwLock::new(std::fs::File::open(&run_lock).expect("open the old file"));
+    std::fs::remove_file(&run_lock).expect("remove the lock file");
+    let new = old.retake_displaced().expect("free").expect("taken again");
+    drop(old);
+    assert!(
+        waiter.try_write().is_err(),
+        "the removed file stays locked while the new lock stands"
+    );
+    drop(new);
+    assert!(waiter.try_write().is_ok(), "released with the new lock");
+    drop(waiter);
+
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("elsewhere");
+    let old = RunLock::acquire([run_lock.clone()]).expect("owner again");
+    std::fs::rename(&run_dir, dir.path().join("moved")).expect("move the directory");
+    std::os::unix::fs::symlink(&elsewhere, &run_dir).expect("a link in its place");
+    match old.retake_displaced() {
+        Err(LockError::Moved(path)) => assert_eq!(path, run_lock),
+        other => panic!("a link to another directory refuses: {other:?}"),
+    }
+    assert!(
+        std::fs::read_dir(&elsewhere)
+            .expect("read")
+            .next()
+            .is_none(),
+        "nothing was created through the link"
+    );
+    std::fs::remove_file(&run_dir).expect("remove the link");
+    assert!(
+        old.retake_displaced().is_err(),
+        "a removed directory refuses"
+    );
+    assert!(!run_dir.exists(), "and is not created again");
+}
+
 /// A forked process holds a copy of every descriptor until it execs or exits; a released run
 /// lock must be free at once all the same (a collector's judge spawned at the wrong moment
 /// never keeps the next section out).
