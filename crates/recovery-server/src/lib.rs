@@ -104,6 +104,9 @@ pub fn openapi_value() -> serde_json::Value {
 /// Without tokens the service answers anyone who reaches its loopback address, so it answers
 /// only requests that name a loopback host: a web page whose name was rebound to 127.0.0.1 (DNS
 /// rebinding) sends its own name as `Host` and is refused, never driving the API or the console.
+/// Likewise a change (any method but GET, HEAD and OPTIONS) sent by a web page of another site
+/// (its `Origin` is not a loopback origin) is refused: a browser sends a plain form post or a
+/// body-less POST such as `/reindex` across sites without asking first.
 async fn loopback_host_only(
     axum::extract::State(state): axum::extract::State<AppState>,
     request: Request,
@@ -116,6 +119,21 @@ async fn loopback_host_only(
         .headers()
         .get(axum::http::header::HOST)
         .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+    let foreign_origin = !request.method().is_safe()
+        && request
+            .headers()
+            .get(axum::http::header::ORIGIN)
+            .is_some_and(|origin| !is_loopback_origin(origin.to_str().unwrap_or("null")));
+    if foreign_origin {
+        use axum::response::IntoResponse as _;
+        return error::ApiError::new(
+            error::ErrorCode::Forbidden,
+            "a change sent by a web page of another site (its Origin is not a loopback origin) \
+             is refused: without tokens this service takes changes only from localhost, \
+             127.0.0.1 or [::1]",
+        )
+        .into_response();
+    }
     match host {
         Some(host) if !names_loopback(host) => {
             use axum::response::IntoResponse as _;
@@ -130,6 +148,15 @@ async fn loopback_host_only(
         }
         _ => next.run(request).await,
     }
+}
+
+/// Whether an `Origin` header is `http(s)://` and a loopback host (`null`, from a sandboxed or
+/// local-file page, is not).
+fn is_loopback_origin(origin: &str) -> bool {
+    origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(names_loopback)
 }
 
 /// Whether a `Host` header (with or without its port) names this machine's loopback.

@@ -907,6 +907,63 @@ async fn without_tokens_only_requests_naming_a_loopback_host_are_answered() {
     assert_eq!(runs.len(), 1, "only a loopback request created the run");
 }
 
+/// Without tokens, a change sent by a web page of another site is refused (a browser posts a
+/// form or a body-less `/reindex` across sites without asking); the same change from a loopback
+/// origin, or from a client that sends no `Origin`, is answered, and reads are never refused.
+#[tokio::test]
+async fn without_tokens_changes_from_another_site_are_refused() {
+    let app = TestApp::with(|config| config.tokens.clear()).await;
+    let cases = [
+        ("another site", Some("http://attacker.example"), false),
+        (
+            "another site on https",
+            Some("https://attacker.example:8443"),
+            false,
+        ),
+        ("a sandboxed page", Some("null"), false),
+        (
+            "a rebound name",
+            Some("http://localhost.attacker.example"),
+            false,
+        ),
+        (
+            "the console's own origin",
+            Some("http://127.0.0.1:8787"),
+            true,
+        ),
+        ("localhost", Some("http://localhost:8787"), true),
+        ("no Origin (curl, the Python client)", None, true),
+    ];
+    for (case, origin, answered) in cases {
+        let mut request = Request::builder().method(Method::POST).uri("/reindex");
+        if let Some(origin) = origin {
+            request = request.header("origin", origin);
+        }
+        let (status, _, bytes) = respond(
+            app.state.clone(),
+            request.body(Body::empty()).expect("request"),
+        )
+        .await;
+        let reply = Reply::of(status, &bytes);
+        if answered {
+            assert_eq!(status, StatusCode::OK, "{case}: {}", reply.body);
+        } else {
+            assert_eq!(status, StatusCode::FORBIDDEN, "{case}");
+            assert_eq!(reply.body["code"], "forbidden", "{case}");
+        }
+        let mut read = Request::builder().method(Method::GET).uri("/runs");
+        if let Some(origin) = origin {
+            read = read.header("origin", origin);
+        }
+        let (status, _, _) = respond(
+            app.state.clone(),
+            read.body(Body::empty()).expect("request"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{case}: a read is answered");
+    }
+}
+
 #[tokio::test]
 async fn an_attempt_cap_outside_one_to_a_million_is_refused_naming_the_field() {
     let app = TestApp::new().await;
