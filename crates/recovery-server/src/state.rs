@@ -235,6 +235,34 @@ impl AppState {
             .map_err(|e| ApiError::internal("background file work", e))?
     }
 
+    /// `error` of a call made under the lease `presented`: when it is `run_locked` and that
+    /// lease no longer holds the run (the call's section found the lease's lock file displaced,
+    /// taken by another process, and ended the lease), the holder is told its lease is gone
+    /// (`lease_not_held`) rather than to wait and retry under it.
+    pub async fn under_lease(
+        &self,
+        error: ApiError,
+        run_id: &str,
+        presented: Option<&str>,
+    ) -> ApiError {
+        let Some(presented) = presented else {
+            return error;
+        };
+        if error.code != ErrorCode::RunLocked {
+            return error;
+        }
+        match self.leases.holder(run_id).await {
+            Ok(Some(lease)) if lease.lease_id == presented => error,
+            Ok(_) => ApiError::new(
+                ErrorCode::LeaseNotHeld,
+                format!(
+                    "the lease presented does not hold run {run_id} (expired, released or taken over)"
+                ),
+            ),
+            Err(_) => error,
+        }
+    }
+
     /// Refuses callers when another client holds a live lease on the run (423 with the holder),
     /// unless they present that lease's id.
     /// A presented lease id that does not hold the run is refused (`lease_not_held`): a collector

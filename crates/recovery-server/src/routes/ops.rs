@@ -191,7 +191,10 @@ pub struct ReserveResponse {
 /// The run locked for a change by the holder of `lease_id` (checked inside the section, so the
 /// lease cannot end between the check and the change).
 async fn leased_run(state: &AppState, run_id: &str, lease_id: &str) -> ApiResult<LockedRun> {
-    let (_, run) = state.locked_run(run_id).await?;
+    let (_, run) = match state.locked_run(run_id).await {
+        Ok(locked) => locked,
+        Err(e) => return Err(state.under_lease(e, run_id, Some(lease_id)).await),
+    };
     state
         .registry
         .check_lease_holder(&run, run_id, lease_id)

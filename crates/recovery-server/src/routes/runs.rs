@@ -371,7 +371,9 @@ async fn validate_inner(
             Err(ApiError::new(ErrorCode::ResumeRefused, message)
                 .with_details(mismatch_details(&mismatches)))
         }
-        Err(other) => Err(other.into()),
+        Err(other) => Err(state
+            .under_lease(other.into(), &run_id, request.lease_id.as_deref())
+            .await),
     }
 }
 

@@ -1817,8 +1817,8 @@ async fn a_heartbeat_keeps_the_lifetime_the_lease_was_granted_with() {
 #[tokio::test]
 async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_run() {
     // Whichever call comes first after the lock file is replaced finds the lease ended and
-    // writes nothing: a change, as much as a renewal.
-    for first in ["reserve", "extend", "takeover", "heartbeat"] {
+    // writes nothing: a change, as much as a renewal, a validation under the lease too.
+    for first in ["reserve", "extend", "takeover", "heartbeat", "validate"] {
         let app = TestApp::new().await;
         let run_id = app.create().await;
         let lease_id = lease_for_ten_minutes(&app, &run_id).await;
@@ -1840,6 +1840,11 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
                 format!("/runs/{run_id}/lease/takeover"),
                 json!({"holder": "op", "host": "h", "pid": 2, "reason": "stuck"}),
             ),
+            "validate" => (format!("/runs/{run_id}/validate"), {
+                let mut body = app.validate_body(0.3, 8123);
+                body["lease_id"] = lease_id.clone();
+                body
+            }),
             _ => (
                 format!("/runs/{run_id}/lease/heartbeat"),
                 json!({"lease_id": lease_id}),
@@ -1848,10 +1853,19 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
         let reply = app
             .call(Method::POST, &path, Some(OPERATOR), Some(body))
             .await;
-        assert!(
-            reply.status == StatusCode::CONFLICT || reply.status == StatusCode::LOCKED,
-            "{first}: refused under the displaced lock: {} {}",
-            reply.status,
+        // The holder's own call is told its lease is gone; an operator's, that another process
+        // holds the run.
+        let expected = match first {
+            "reserve" | "heartbeat" | "validate" => (StatusCode::CONFLICT, "lease_not_held"),
+            _ => (StatusCode::LOCKED, "run_locked"),
+        };
+        assert_eq!(
+            (
+                reply.status,
+                reply.body["code"].as_str().unwrap_or_default()
+            ),
+            expected,
+            "{first}: refused under the displaced lock: {}",
             reply.body
         );
         assert_eq!(
