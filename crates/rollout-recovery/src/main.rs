@@ -132,6 +132,7 @@ fn init_logging(json: bool) {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     init_logging(args.log_format == "json");
+    recovery_server::state::when_heavy_work_idles(allocator::give_back_all);
     let mut config = ServerConfig::local(args.data_dir.clone());
     config.bind = resolve_bind(&args.bind).await?;
     config.database_url = args.database_url;
