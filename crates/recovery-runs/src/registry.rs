@@ -998,10 +998,21 @@ fn parse_drift_lines(
         part.iter()
             .map(
                 |(offset, bytes)| match serde_json::from_slice::<DriftLine>(bytes) {
-                    Ok(line) => Ok(drift_event(
-                        line_id(run_id, DRIFT_JOURNAL, *offset, bytes),
-                        line,
-                    )),
+                    // Stored in the one UTC form every query compares as text (a collector's
+                    // `+00:00` or another offset names the same instant); the id is the line's.
+                    Ok(mut line) => match recovery_sidecar::normalize_rfc3339(&line.at) {
+                        Some(at) => {
+                            line.at = at;
+                            Ok(drift_event(
+                                line_id(run_id, DRIFT_JOURNAL, *offset, bytes),
+                                line,
+                            ))
+                        }
+                        None => Err((
+                            format!("{}@{offset}", path.display()),
+                            format!("at: {:?} is not an RFC 3339 time", line.at),
+                        )),
+                    },
                     Err(e) => Err((format!("{}@{offset}", path.display()), e.to_string())),
                 },
             )

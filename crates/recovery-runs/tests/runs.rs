@@ -1023,6 +1023,71 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
     assert_eq!(all.len(), 6, "every line ever journalled is indexed once");
 }
 
+/// Drift lines a Python collector wrote with `isoformat()` offsets are stored in the one UTC form
+/// every query compares as text, so time filters and order follow the instants; a line whose
+/// `at` is no time is reported, never indexed out of order.
+#[tokio::test]
+async fn drift_times_written_with_offsets_are_indexed_as_the_instants_they_name() {
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let paths = registry
+        .paths_for(&root.path().join("m/out.jsonl"))
+        .expect("paths");
+    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
+    let manifest = RunManifest::create("ee".repeat(16), "s", "m", "c", Some(3));
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let line = |at: &str| {
+        format!(
+            "{{\"at\": \"{at}\", \"run_id\": \"{}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d\", \"operational_keys\": [\"a.port\"]}}\n",
+            manifest.run_id
+        )
+    };
+    let written = [
+        "2031-06-01T12:00:00+00:00",
+        "2031-06-01T13:30:00+01:00",
+        "2031-06-01T11:00:00.25Z",
+        "yesterday",
+    ];
+    std::fs::write(&paths.resume_drift, written.map(line).concat()).expect("journal");
+    let report = registry.reindex().await.expect("reindex");
+    assert_eq!(report.drift_inserted, 3, "{report:?}");
+    assert!(
+        report
+            .unreadable
+            .iter()
+            .any(|(_, why)| why.contains("yesterday")),
+        "{report:?}"
+    );
+    let between = |from: &str, to: &str| {
+        let store = store.clone();
+        let filter = DriftFilter {
+            run_id: Some(manifest.run_id.clone()),
+            from: Some(from.to_owned()),
+            to: Some(to.to_owned()),
+            limit: 10,
+            ..Default::default()
+        };
+        async move {
+            store
+                .query_drift(&filter)
+                .await
+                .expect("rows")
+                .into_iter()
+                .map(|e| e.at)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        between("2031-06-01T12:00:00.000000Z", "2031-06-01T13:00:00.000000Z").await,
+        ["2031-06-01T12:00:00.000000Z", "2031-06-01T12:30:00.000000Z"],
+        "an event at exactly `from` is in; 13:30+01:00 is 12:30 UTC"
+    );
+    assert_eq!(
+        between("2031-06-01T00:00:00.000000Z", "2031-06-01T12:00:00.000000Z").await,
+        ["2031-06-01T11:00:00.250000Z"]
+    );
+}
+
 /// A journal of several batches (each read and parsed while the previous one is inserted) is
 /// indexed whole: every line once, the last included, and nothing read again afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

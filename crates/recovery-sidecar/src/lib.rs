@@ -41,6 +41,15 @@ pub fn format_rfc3339(at: time::OffsetDateTime) -> String {
     )
 }
 
+/// An RFC 3339 time in the fixed-width UTC form of [`format_rfc3339`] (`+00:00`, other offsets
+/// and other precisions as Python's `isoformat()` writes them become the same instant in that
+/// form), so times compare and sort as text; `None` when `text` is no RFC 3339 time.
+pub fn normalize_rfc3339(text: &str) -> Option<String> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(format_rfc3339)
+}
+
 /// A fresh identifier (`uuid4().hex`: 32 lowercase hex digits), as run ids and event ids are.
 pub fn new_id() -> String {
     uuid::Uuid::new_v4().simple().to_string()

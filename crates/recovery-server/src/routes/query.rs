@@ -81,9 +81,19 @@ async fn drift_page(
             .map(|t| time_bound("to", t))
             .transpose()?,
         after: match params.cursor.as_deref() {
+            // Its time is in the stored form: a cursor whose `+`/`:` a client did not encode
+            // is refused, never read as another place (which repeated a page).
             Some(text) => Some(
                 Cursor::decode(text)
-                    .ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?,
+                    .filter(|c| {
+                        recovery_sidecar::normalize_rfc3339(&c.at).as_deref() == Some(&c.at)
+                    })
+                    .ok_or_else(|| {
+                        ApiError::invalid_field(
+                            "cursor",
+                            "cursor: not a cursor this service issued",
+                        )
+                    })?,
             ),
             None => None,
         },

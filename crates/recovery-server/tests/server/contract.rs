@@ -168,6 +168,41 @@ async fn a_full_page_of_a_thousand_continues_to_the_next() {
     }
 }
 
+/// A cursor whose `+` or `:` a client did not encode (a space in its time) is refused naming
+/// `cursor`, never read as another place in the history (which repeated a page without end).
+#[tokio::test]
+async fn a_garbled_cursor_is_refused() {
+    let app = TestApp::new().await;
+    for cursor in [
+        "2026-11-29T10:00:00.000000Z%7Cabc",
+        "2026-11-29T10%3A00%3A00.000000Z%7Cabc",
+    ] {
+        let reply = app
+            .call(
+                Method::GET,
+                &format!("/drift?cursor={cursor}"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{cursor}: {}", reply.body);
+    }
+    for cursor in [
+        "2026-11-29T10:00:00 00:00%7Cabc",
+        "2026-11-29T10:00:00+00:00%7Cabc",
+        "x%7Cy",
+        "garbage",
+    ] {
+        let uri = format!(
+            "/drift?cursor={}",
+            cursor.replace(' ', "%20").replace('+', "%2B")
+        );
+        let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+        assert_invalid_naming(&reply, "cursor", &uri);
+        assert_eq!(reply.body["details"]["field"], "cursor", "{uri}");
+    }
+}
+
 #[tokio::test]
 async fn every_list_refuses_a_limit_outside_one_to_a_thousand() {
     let app = TestApp::new().await;
