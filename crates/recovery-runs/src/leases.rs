@@ -351,9 +351,12 @@ impl Leases {
             };
             let _run = self.local.lock(&run_lock).await;
             let taking = paths.clone();
-            let lock = match tokio::task::spawn_blocking(move || RunLock::acquire(taking))
-                .await
-                .map_err(|e| LeaseError::Join(e.to_string()))?
+            // A run directory removed meanwhile is not made again: the run's files are gone.
+            let lock = match tokio::task::spawn_blocking(move || {
+                RunLock::acquire_in_existing_directories(taking)
+            })
+            .await
+            .map_err(|e| LeaseError::Join(e.to_string()))?
             {
                 Ok(lock) => lock,
                 Err(LockError::Owned(_)) if self.was_ours(&lease) => {

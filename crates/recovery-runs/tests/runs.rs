@@ -572,6 +572,32 @@ async fn sixty_four_concurrent_acquirers_of_one_run_get_exactly_one_lease() {
     assert_eq!(granted, 1, "exactly one of 64 acquirers holds the run");
 }
 
+/// At the start, a lease whose run directory was removed while the service was down is ended
+/// (`lease.lost`): the directory is not made again for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_run_directory_was_removed_is_ended_at_the_start_and_nothing_is_made() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let clock: Arc<SystemClock> = Arc::new(SystemClock);
+    let run_dir = root.path().join("gone");
+    let before = Leases::new(store.clone(), clock.clone(), "replica-a");
+    before
+        .acquire(&LeaseRequest {
+            lock_paths: vec![run_dir.join("out_run.lock")],
+            ..request(root.path(), "collector-a", 600)
+        })
+        .await
+        .expect("granted");
+    drop(before);
+    std::fs::remove_dir_all(&run_dir).expect("remove the run directory");
+    let after = Leases::new(store.clone(), clock, "replica-a");
+    assert!(after.adopt_live(|_| true).await.expect("start").is_empty());
+    assert!(!run_dir.exists(), "the run directory is not made again");
+    assert!(store.get_lease("run-1").await.expect("row").is_none());
+    let audit = store.list_audit(Some("run-1"), 10).await.expect("audit");
+    assert!(audit.iter().any(|a| a.action == "lease.lost"), "{audit:?}");
+}
+
 /// At the start, a lease of this service whose lock path is no lock file now (a link, FIFO or
 /// directory put there while it was down), or no longer under the roots, is ended (audited
 /// `lease.lost`, saying why) instead of staying live with the run unusable.

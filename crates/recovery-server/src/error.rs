@@ -575,11 +575,22 @@ where
             .await
             .map(|axum::extract::Query(value)| Self(value))
             .map_err(|e| {
-                ApiError::invalid(format!(
-                    "query: {}",
-                    e.body_text()
-                        .trim_start_matches("Failed to deserialize query string: ")
-                ))
+                let text = e.body_text();
+                let text = text.trim_start_matches("Failed to deserialize query string: ");
+                let message = format!("query: {text}");
+                // The framework names the parameter first (`limit: invalid digit ...`).
+                match text
+                    .split_once(": ")
+                    .map(|(field, _)| field)
+                    .filter(|field| {
+                        !field.is_empty()
+                            && field
+                                .bytes()
+                                .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                    }) {
+                    Some(field) => ApiError::invalid_field(field, message),
+                    None => ApiError::invalid(message),
+                }
             })
     }
 }

@@ -18,7 +18,7 @@ pub enum LockError {
     Owned(PathBuf),
     /// A symbolic link, FIFO, socket or directory where the lock file belongs: a path problem
     /// of the run's files, never a lock to wait for nor the service's failure.
-    #[error("lock file {} is not a regular file (a symbolic link, FIFO, socket or directory is never used)", .0.display())]
+    #[error("lock file {} is not a regular file of its own (a symbolic link, FIFO, socket, directory or a file with other hard links is never used)", .0.display())]
     NotAFile(PathBuf),
     /// Taking a lock again: the lock file's directory is no longer the directory the lock was
     /// first taken in (moved, removed, or replaced by a link to elsewhere).
@@ -114,7 +114,27 @@ impl RunLock {
             held: Vec::with_capacity(paths.len()),
         };
         for path in paths {
-            taken.held.push(lock_file(path, None)?);
+            taken
+                .held
+                .push(lock_file(path, Place::CreatingDirectories)?);
+        }
+        Ok(taken)
+    }
+
+    /// [`Self::acquire`] in directories that exist already (none is created): a lock taken again
+    /// at a start, where a removed run directory means the run's files are gone.
+    pub fn acquire_in_existing_directories(
+        paths: impl IntoIterator<Item = PathBuf>,
+    ) -> Result<Self, LockError> {
+        let mut paths: Vec<PathBuf> = paths.into_iter().collect();
+        paths.sort();
+        paths.dedup();
+        let mut taken = Self {
+            retired: Vec::new(),
+            held: Vec::with_capacity(paths.len()),
+        };
+        for path in paths {
+            taken.held.push(lock_file(path, Place::ExistingDirectory)?);
         }
         Ok(taken)
     }
@@ -159,9 +179,10 @@ impl RunLock {
             retired: Vec::new(),
         };
         for held in &displaced {
-            fresh
-                .held
-                .push(lock_file(held.path.clone(), Some(held.directory))?);
+            fresh.held.push(lock_file(
+                held.path.clone(),
+                Place::Directory(held.directory),
+            )?);
         }
         // Every lock this one holds passes to the new one: the files in place, and the
         // displaced ones (kept until the new lock ends).
@@ -181,11 +202,22 @@ impl RunLock {
     }
 }
 
+/// Where [`lock_file`] may open a lock file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// Its directory, created when missing (a first lock).
+    CreatingDirectories,
+    /// Its directory as it is; none is created.
+    ExistingDirectory,
+    /// Only the directory of this (device, inode): where the lock was first taken.
+    Directory((u64, u64)),
+}
+
 /// Opens the lock file at `path` (created when missing; never through a link) and takes its
-/// exclusive `flock` without waiting. A first lock creates missing directories; a lock taken
-/// again (`directory`: where the first was opened) opens the file only in that same directory,
-/// never in one created since or reached through a link put in its place.
-fn lock_file(path: PathBuf, directory: Option<(u64, u64)>) -> Result<Held, LockError> {
+/// exclusive `flock` without waiting, in the directory `place` allows: a lock taken again opens
+/// the file only in the directory it was first taken in, never in one created since or reached
+/// through a link put in its place.
+fn lock_file(path: PathBuf, place: Place) -> Result<Held, LockError> {
     use rustix::fs::{Mode, OFlags};
     let io = |source| LockError::Io {
         path: path.clone(),
@@ -198,7 +230,7 @@ fn lock_file(path: PathBuf, directory: Option<(u64, u64)>) -> Result<Held, LockE
     let Some(name) = path.file_name() else {
         return Err(LockError::NotAFile(path));
     };
-    if directory.is_none() {
+    if place == Place::CreatingDirectories {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
     let dir = rustix::fs::open(
@@ -209,7 +241,7 @@ fn lock_file(path: PathBuf, directory: Option<(u64, u64)>) -> Result<Held, LockE
     .map_err(|e| io(e.into()))?;
     let stat = rustix::fs::fstat(&dir).map_err(|e| io(e.into()))?;
     let opened_in = (stat.st_dev, stat.st_ino);
-    if directory.is_some_and(|first| first != opened_in) {
+    if matches!(place, Place::Directory(first) if first != opened_in) {
         return Err(LockError::Moved(path));
     }
     let file = match rustix::fs::openat(
@@ -232,7 +264,9 @@ fn lock_file(path: PathBuf, directory: Option<(u64, u64)>) -> Result<Held, LockE
         Err(e) => return Err(io(e.into())),
     };
     let metadata = file.metadata().map_err(io)?;
-    if !metadata.is_file() {
+    // A file with other names (hard links) may be another run's lock, or a file outside the
+    // roots: locking it would exclude, or be excluded by, whoever uses those names.
+    if !metadata.is_file() || metadata.nlink() > 1 {
         return Err(LockError::NotAFile(path));
     }
     let identity = (metadata.dev(), metadata.ino());

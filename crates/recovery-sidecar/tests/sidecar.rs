@@ -432,6 +432,27 @@ fn a_lock_taken_again_keeps_the_removed_file_and_stays_in_its_directory() {
     assert!(!run_dir.exists(), "and is not created again");
 }
 
+/// A lock file with another name (a hard link, perhaps to a file outside the roots, or another
+/// run's lock) is never locked: refused as not a lock file of its own.
+#[test]
+fn a_hard_linked_lock_file_is_refused() {
+    let _serial = serial_locks();
+    let dir = tempfile::tempdir().expect("dir");
+    let outside = dir.path().join("outside.lock");
+    std::fs::write(&outside, b"").expect("outside");
+    let run_lock = dir.path().join("a_run.lock");
+    std::fs::hard_link(&outside, &run_lock).expect("hard link");
+    match RunLock::acquire([run_lock.clone()]) {
+        Err(LockError::NotAFile(path)) => assert_eq!(path, run_lock),
+        other => panic!("a hard-linked lock file is refused: {other:?}"),
+    }
+    std::fs::remove_file(&outside).expect("unlink the other name");
+    assert!(
+        RunLock::acquire([run_lock]).is_ok(),
+        "a file of its own is locked"
+    );
+}
+
 /// A forked process holds a copy of every descriptor until it execs or exits; a released run
 /// lock must be free at once all the same (a collector's judge spawned at the wrong moment
 /// never keeps the next section out).

@@ -220,8 +220,14 @@ pub async fn holder(
     // collector, another service process without a lease) is reported.
     // A lock file that cannot be locked at all (a link, FIFO or directory where it belongs) is
     // refused as a path, as an acquire would be, never reported as another process's lock.
+    // A missing lock file is held by nobody, and a read never creates it (nor its directory).
+    let lock_path = paths.run_lock.clone();
+    let lock_exists = state
+        .blocking(move || Ok(std::fs::symlink_metadata(&lock_path).is_ok()))
+        .await?;
     let externally_locked = match &lease {
         Some(_) => false,
+        None if !lock_exists => false,
         None => match state.registry.lock(&paths).await {
             Ok(_) => false,
             Err(recovery_runs::RunLockError::Locked(recovery_sidecar::LockError::Owned(_))) => true,

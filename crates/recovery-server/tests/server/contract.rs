@@ -89,6 +89,20 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "limit",
         ),
+        (
+            Method::GET,
+            "/drift?limit=abc".to_owned(),
+            VIEWER,
+            None,
+            "limit",
+        ),
+        (
+            Method::GET,
+            "/runs?limit=-1".to_owned(),
+            VIEWER,
+            None,
+            "limit",
+        ),
     ];
     for (method, uri, token, body, field) in cases {
         let reply = app.call(method, &uri, Some(token), body).await;
@@ -200,6 +214,43 @@ async fn a_garbled_cursor_is_refused() {
         let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
         assert_invalid_naming(&reply, "cursor", &uri);
         assert_eq!(reply.body["details"]["field"], "cursor", "{uri}");
+    }
+}
+
+/// Asking who holds a run never creates its lock file, nor its directory once removed: a read
+/// leaves the files as they are.
+#[tokio::test]
+async fn asking_who_holds_a_run_creates_nothing() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let run_dir = app.root.join("exp");
+    let lock = run_dir.join("out_run.lock");
+    for (case, remove) in [
+        ("the lock file removed", false),
+        ("the run directory removed", true),
+    ] {
+        if remove {
+            std::fs::remove_dir_all(&run_dir).expect("remove the run directory");
+        } else if lock.exists() {
+            std::fs::remove_file(&lock).expect("remove the lock file");
+        }
+        let reply = app
+            .call(
+                Method::GET,
+                &format!("/runs/{run_id}/lease"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        if reply.status == StatusCode::OK {
+            assert_eq!(reply.body["locked_outside_service"], false, "{case}");
+        }
+        assert!(
+            !lock.exists(),
+            "{case}: no lock file was created ({})",
+            reply.body
+        );
+        assert_eq!(run_dir.exists(), !remove, "{case}: no directory was made");
     }
 }
 
