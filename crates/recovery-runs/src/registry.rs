@@ -987,6 +987,19 @@ async fn read_drift_batch(
     .await
 }
 
+/// The drift event of the journal line at `offset`, its time stored in the one UTC form every
+/// query compares as text (a collector's `+00:00` or another offset names the same instant);
+/// the id is the line's, whatever form its time was written in.
+fn drift_line_event(run_id: &str, offset: u64, bytes: &[u8]) -> Result<DriftEvent, String> {
+    let mut line = serde_json::from_slice::<DriftLine>(bytes).map_err(|e| e.to_string())?;
+    line.at = recovery_sidecar::normalize_rfc3339(&line.at)
+        .map_err(|_| format!("at: {:?} is not an RFC 3339 time", line.at))?;
+    Ok(drift_event(
+        line_id(run_id, DRIFT_JOURNAL, offset, bytes),
+        line,
+    ))
+}
+
 /// Drift events of journal lines, parsed and identified on every core; unreadable lines are
 /// reported (path@offset and why).
 fn parse_drift_lines(
@@ -996,26 +1009,10 @@ fn parse_drift_lines(
 ) -> (Vec<DriftEvent>, Vec<(String, String)>) {
     let parse = |part: &[(u64, Vec<u8>)]| -> Vec<Result<DriftEvent, (String, String)>> {
         part.iter()
-            .map(
-                |(offset, bytes)| match serde_json::from_slice::<DriftLine>(bytes) {
-                    // Stored in the one UTC form every query compares as text (a collector's
-                    // `+00:00` or another offset names the same instant); the id is the line's.
-                    Ok(mut line) => match recovery_sidecar::normalize_rfc3339(&line.at) {
-                        Some(at) => {
-                            line.at = at;
-                            Ok(drift_event(
-                                line_id(run_id, DRIFT_JOURNAL, *offset, bytes),
-                                line,
-                            ))
-                        }
-                        None => Err((
-                            format!("{}@{offset}", path.display()),
-                            format!("at: {:?} is not an RFC 3339 time", line.at),
-                        )),
-                    },
-                    Err(e) => Err((format!("{}@{offset}", path.display()), e.to_string())),
-                },
-            )
+            .map(|(offset, bytes)| {
+                drift_line_event(run_id, *offset, bytes)
+                    .map_err(|why| (format!("{}@{offset}", path.display()), why))
+            })
             .collect()
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

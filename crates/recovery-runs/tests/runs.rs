@@ -5,7 +5,7 @@ use recovery_core::manifest::RunManifest;
 use recovery_runs::{
     DriftLine, LeaseError, LeaseRequest, Leases, ManualClock, Registry, SystemClock,
 };
-use recovery_sidecar::Confinement;
+use recovery_sidecar::{Confinement, SidecarPaths};
 use recovery_store::{DriftFilter, Store};
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
@@ -35,6 +35,25 @@ async fn sqlite_store(dir: &Path) -> Store {
     Store::connect(&format!("sqlite://{}", dir.join("store.db").display()))
         .await
         .expect("store")
+}
+
+/// A run's manifest written at `<root>/m/out.jsonl`'s companion (its id from `seed`), with the
+/// run's companion paths.
+fn manifest_on_disk(registry: &Registry, root: &Path, seed: &str) -> (SidecarPaths, RunManifest) {
+    let paths = registry
+        .paths_for(&root.join("m/out.jsonl"))
+        .expect("paths");
+    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
+    let manifest = RunManifest::create(seed.repeat(16), "s", "m", "c", Some(3));
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    (paths, manifest)
+}
+
+/// One resume-drift journal line as decisions §6 documents it (a collector's, or ours).
+fn drift_line(run_id: &str, at: &str, current_digest: &str) -> String {
+    format!(
+        "{{\"at\": \"{at}\", \"run_id\": \"{run_id}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"{current_digest}\", \"operational_keys\": [\"a.port\"]}}\n"
+    )
 }
 
 /// The ids of a drift journal's lines, derived as the registry derives them.
@@ -999,16 +1018,12 @@ async fn a_replacement_a_crash_interrupted_is_undone_or_completed_at_the_next_st
 async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped() {
     let root = tempfile::tempdir().expect("root");
     let (store, registry) = sqlite_registry(root.path()).await;
-    let paths = registry
-        .paths_for(&root.path().join("m/out.jsonl"))
-        .expect("paths");
-    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
-    let manifest = RunManifest::create("cc".repeat(16), "s", "m", "c", Some(3));
-    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let (paths, manifest) = manifest_on_disk(&registry, root.path(), "cc");
     let line = |n: u32| {
-        format!(
-            "{{\"at\": \"2026-11-29T10:00:{n:02}.000000Z\", \"run_id\": \"{}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d{n}\", \"operational_keys\": [\"a.port\"]}}\n",
-            manifest.run_id
+        drift_line(
+            &manifest.run_id,
+            &format!("2026-11-29T10:00:{n:02}.000000Z"),
+            &format!("d{n}"),
         )
     };
     std::fs::write(&paths.resume_drift, (0..3).map(line).collect::<String>()).expect("journal");
@@ -1056,18 +1071,8 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
 async fn drift_times_written_with_offsets_are_indexed_as_the_instants_they_name() {
     let root = tempfile::tempdir().expect("root");
     let (store, registry) = sqlite_registry(root.path()).await;
-    let paths = registry
-        .paths_for(&root.path().join("m/out.jsonl"))
-        .expect("paths");
-    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
-    let manifest = RunManifest::create("ee".repeat(16), "s", "m", "c", Some(3));
-    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
-    let line = |at: &str| {
-        format!(
-            "{{\"at\": \"{at}\", \"run_id\": \"{}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d\", \"operational_keys\": [\"a.port\"]}}\n",
-            manifest.run_id
-        )
-    };
+    let (paths, manifest) = manifest_on_disk(&registry, root.path(), "ee");
+    let line = |at: &str| drift_line(&manifest.run_id, at, "d");
     let written = [
         "2031-06-01T12:00:00+00:00",
         "2031-06-01T13:30:00+01:00",
@@ -1121,21 +1126,10 @@ async fn a_journal_longer_than_a_batch_is_indexed_whole_and_once() {
     const LINES: u32 = 45_001;
     let root = tempfile::tempdir().expect("root");
     let (store, registry) = sqlite_registry(root.path()).await;
-    let paths = registry
-        .paths_for(&root.path().join("m/out.jsonl"))
-        .expect("paths");
-    std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
-    let manifest = RunManifest::create("dd".repeat(16), "s", "m", "c", Some(3));
-    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let (paths, manifest) = manifest_on_disk(&registry, root.path(), "dd");
     let at = |n: u32| format!("2026-11-29T10:00:00.{n:06}Z");
     let journal: String = (0..LINES)
-        .map(|n| {
-            format!(
-                "{{\"at\": \"{}\", \"run_id\": \"{}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d{n}\", \"operational_keys\": [\"a.port\"]}}\n",
-                at(n),
-                manifest.run_id
-            )
-        })
+        .map(|n| drift_line(&manifest.run_id, &at(n), &format!("d{n}")))
         .collect();
     std::fs::write(&paths.resume_drift, journal).expect("journal");
     let first = registry.reindex().await.expect("reindex");

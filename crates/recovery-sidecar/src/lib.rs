@@ -43,10 +43,10 @@ pub fn format_rfc3339(at: time::OffsetDateTime) -> String {
 
 /// An RFC 3339 time in the fixed-width UTC form of [`format_rfc3339`] (`+00:00`, other offsets
 /// and other precisions as Python's `isoformat()` writes them become the same instant in that
-/// form), so times compare and sort as text; `None` when `text` is no RFC 3339 time.
-pub fn normalize_rfc3339(text: &str) -> Option<String> {
+/// form), so times compare and sort as text; the parser's reason when `text` is no RFC 3339
+/// time.
+pub fn normalize_rfc3339(text: &str) -> Result<String, time::error::Parse> {
     time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .ok()
         .map(format_rfc3339)
 }
 

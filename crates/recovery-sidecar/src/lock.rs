@@ -105,6 +105,21 @@ impl Drop for RunLock {
 impl RunLock {
     /// Acquires every lock in sorted order; on the first that is owned, releases the ones taken.
     pub fn acquire(paths: impl IntoIterator<Item = PathBuf>) -> Result<Self, LockError> {
+        Self::acquire_at(paths, Place::CreatingDirectories)
+    }
+
+    /// [`Self::acquire`] in directories that exist already (none is created): a lock taken again
+    /// at a start, where a removed run directory means the run's files are gone.
+    pub fn acquire_in_existing_directories(
+        paths: impl IntoIterator<Item = PathBuf>,
+    ) -> Result<Self, LockError> {
+        Self::acquire_at(paths, Place::ExistingDirectory)
+    }
+
+    fn acquire_at(
+        paths: impl IntoIterator<Item = PathBuf>,
+        place: Place,
+    ) -> Result<Self, LockError> {
         let mut paths: Vec<PathBuf> = paths.into_iter().collect();
         paths.sort();
         paths.dedup();
@@ -114,27 +129,7 @@ impl RunLock {
             held: Vec::with_capacity(paths.len()),
         };
         for path in paths {
-            taken
-                .held
-                .push(lock_file(path, Place::CreatingDirectories)?);
-        }
-        Ok(taken)
-    }
-
-    /// [`Self::acquire`] in directories that exist already (none is created): a lock taken again
-    /// at a start, where a removed run directory means the run's files are gone.
-    pub fn acquire_in_existing_directories(
-        paths: impl IntoIterator<Item = PathBuf>,
-    ) -> Result<Self, LockError> {
-        let mut paths: Vec<PathBuf> = paths.into_iter().collect();
-        paths.sort();
-        paths.dedup();
-        let mut taken = Self {
-            retired: Vec::new(),
-            held: Vec::with_capacity(paths.len()),
-        };
-        for path in paths {
-            taken.held.push(lock_file(path, Place::ExistingDirectory)?);
+            taken.held.push(lock_file(path, place)?);
         }
         Ok(taken)
     }

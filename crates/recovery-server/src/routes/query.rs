@@ -54,11 +54,8 @@ pub struct DriftPage {
 
 /// Normalises an RFC 3339 bound to the stored fixed-width form.
 fn time_bound(field: &str, text: &str) -> ApiResult<String> {
-    let parsed = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map_err(|e| {
-            ApiError::invalid(format!("{field}: {text:?} is not an RFC 3339 time: {e}"))
-        })?;
-    Ok(recovery_sidecar::format_rfc3339(parsed))
+    recovery_sidecar::normalize_rfc3339(text)
+        .map_err(|e| ApiError::invalid(format!("{field}: {text:?} is not an RFC 3339 time: {e}")))
 }
 
 async fn drift_page(
@@ -86,7 +83,7 @@ async fn drift_page(
             Some(text) => Some(
                 Cursor::decode(text)
                     .filter(|c| {
-                        recovery_sidecar::normalize_rfc3339(&c.at).as_deref() == Some(&c.at)
+                        recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at)
                     })
                     .ok_or_else(|| {
                         ApiError::invalid_field(

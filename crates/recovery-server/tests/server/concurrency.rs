@@ -1989,25 +1989,22 @@ async fn concurrent_calls_that_find_a_removed_lock_file_take_the_new_one_for_the
         (StatusCode::OK, String::new()),
         "the lease goes on"
     );
-    let audit = app
-        .call(
-            Method::GET,
-            &format!("/audit?run_id={run_id}"),
-            Some(OPERATOR),
-            None,
-        )
-        .await;
-    assert_eq!(
-        audit.body.to_string().matches("lease.lock_retaken").count(),
-        1,
-        "{}",
-        audit.body
-    );
-    assert!(
-        !audit.body.to_string().contains("lease.lock_displaced"),
-        "{}",
-        audit.body
-    );
+    let audit = audit_of(&app, &run_id).await;
+    assert_eq!(audit.matches("lease.lock_retaken").count(), 1, "{audit}");
+    assert!(!audit.contains("lease.lock_displaced"), "{audit}");
+}
+
+/// The run's audit log, as text, read by an operator.
+async fn audit_of(app: &TestApp, run_id: &str) -> String {
+    app.call(
+        Method::GET,
+        &format!("/audit?run_id={run_id}"),
+        Some(OPERATOR),
+        None,
+    )
+    .await
+    .body
+    .to_string()
 }
 
 /// A heartbeat of the lease answers whether it still holds the run.
@@ -2040,19 +2037,8 @@ async fn finish_displaced_lock_case(app: &TestApp, run_id: &str, lock: &std::pat
         )
         .await;
     assert_eq!(validate.status, StatusCode::LOCKED, "{}", validate.body);
-    let audit = app
-        .call(
-            Method::GET,
-            &format!("/audit?run_id={run_id}"),
-            Some(OPERATOR),
-            None,
-        )
-        .await;
-    assert!(
-        audit.body.to_string().contains("lease.lock_displaced"),
-        "{}",
-        audit.body
-    );
+    let audit = audit_of(app, run_id).await;
+    assert!(audit.contains("lease.lock_displaced"), "{audit}");
     drop(python);
     let again = app
         .call(
