@@ -153,6 +153,24 @@ impl Drop for AdvisoryLock {
     }
 }
 
+/// A drift event as one element of the page [`Store::query_drift`] has the database build.
+#[derive(serde::Deserialize)]
+struct DriftRow(String, String, String, String, String, Vec<String>);
+
+impl DriftRow {
+    fn into_event(self) -> DriftEvent {
+        let DriftRow(event_id, run_id, at, saved_config_digest, current_config_digest, keys) = self;
+        DriftEvent {
+            event_id,
+            run_id,
+            at,
+            saved_config_digest,
+            current_config_digest,
+            operational_keys: keys,
+        }
+    }
+}
+
 fn json_list(value: &str) -> Result<Vec<String>, StoreError> {
     Ok(serde_json::from_str(value)?)
 }
@@ -867,25 +885,28 @@ impl Store {
             " ORDER BY {o}.at, {o}.event_id LIMIT {}",
             filter.limit.clamp(1, MAX_ROWS)
         ));
-        let mut query = sqlx::query(&sql);
+        // The page comes back as one JSON text the database builds: fetched row by row, the
+        // driver's per-row costs (a channel message, a copy of every value, a name lookup per
+        // column) were most of a page's CPU (profiled: 3 in 4 samples of a 100-event page).
+        let page = match self.backend {
+            Backend::Sqlite => format!(
+                "SELECT json_group_array(json_array(event_id, run_id, at, saved_config_digest, \
+                 current_config_digest, json(operational_keys))) FROM ({sql})"
+            ),
+            Backend::Postgres => format!(
+                "SELECT COALESCE(json_agg(json_build_array(event_id, run_id, at, saved_config_digest, \
+                 current_config_digest, operational_keys::json))::text, '[]') FROM ({sql}) AS page"
+            ),
+        };
+        let mut query = sqlx::query_scalar::<_, String>(&page);
         for value in &binds {
             query = query.bind(value.as_str());
         }
-        query
-            .fetch_all(&self.pool)
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(DriftEvent {
-                    event_id: row.try_get("event_id")?,
-                    run_id: row.try_get("run_id")?,
-                    at: row.try_get("at")?,
-                    saved_config_digest: row.try_get("saved_config_digest")?,
-                    current_config_digest: row.try_get("current_config_digest")?,
-                    operational_keys: json_list(&row.try_get::<String, _>("operational_keys")?)?,
-                })
-            })
-            .collect()
+        let mut rows: Vec<DriftRow> = serde_json::from_str(&query.fetch_one(&self.pool).await?)?;
+        // The aggregate keeps no promised order (ordering it in SQL made SQLite sort the page
+        // again in a temporary table); the page is the inner query's, in (time, id) order.
+        rows.sort_unstable_by(|a, b| (&a.2, &a.0).cmp(&(&b.2, &b.0)));
+        Ok(rows.into_iter().map(DriftRow::into_event).collect())
     }
 
     // --- approvals, attempts, re-judgments -------------------------------------------------
