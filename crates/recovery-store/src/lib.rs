@@ -378,6 +378,14 @@ impl Store {
                         sqlx::query("PRAGMA cache_size = -65536")
                             .execute(&mut *connection)
                             .await?;
+                        // Reads through a map of the file (up to 1 GiB) instead of copying
+                        // each page into every connection's cache: drift pages over 1M events
+                        // took 30-45% less CPU (load bench). The mapped pages are the kernel's
+                        // page cache, counted in RSS as RssFile. The file is this process's
+                        // alone (`Owner`), so nothing truncates it under the map.
+                        sqlx::query("PRAGMA mmap_size = 1073741824")
+                            .execute(&mut *connection)
+                            .await?;
                         // The checkpointer copies the log into the database; a commit does
                         // only should it fall far behind.
                         sqlx::query(checkpoint::SAFETY_NET)

@@ -50,7 +50,9 @@
 //!   thread and runtime, during the load (target < 10 ms). The load generator shares the machine's
 //!   cores with the server, so the hello-world row's value is this machine's floor;
 //! - `rss idle/peak/aft`: the server's VmRSS in MB before the load, the largest sampled (every
-//!   100 ms) during it, and one second after it;
+//!   100 ms) during it, and one second after it. VmRSS includes the pages of the SQLite file the
+//!   service maps (clean, file-backed page cache); each scenario's notes end with RssAnon, what
+//!   the process itself holds, and RssFile;
 //! - `x hello`: req/s divided by the hello-world peer's req/s (measured with `LOAD_CONNS`);
 //! - `cpu us/ok`: the server process's CPU time (user + system, from `/proc/PID/stat`, 10 ms
 //!   ticks) over the load divided by its successful answers, and then `x hello`: that divided by
@@ -475,6 +477,22 @@ impl Service {
     }
 
     fn stop(mut self, report: &mut Report, name: &str) {
+        // VmRSS counts the SQLite file's pages mapped into the process (`mmap_size`): clean,
+        // file-backed, the kernel's page cache. What the process itself holds is RssAnon.
+        let kb = |field: &str| {
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid))
+                .ok()?
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        };
+        if let (Some(anon), Some(file)) = (kb("RssAnon:"), kb("RssFile:")) {
+            report.note(format!(
+                "{name}: at the end, RssAnon {} MB (the process's own), RssFile {} MB (mapped files: the binary, the database)",
+                anon / 1024,
+                file / 1024
+            ));
+        }
         if let Some(mut child) = self.child.take() {
             terminate(&mut child);
         }
