@@ -2,7 +2,8 @@
 //! in the failures sidecar, then a graded result), as `GET /runs/{id}/plan` answers it: the plan
 //! cache brings the run's index up to date and the summary (counts per state, coverage) and the
 //! first page of 1,000 rollouts are taken. Reference measured in the same run: reading the same
-//! files once (no parsing). Rows:
+//! files once (no parsing); a second one, printed above the table: CPython parsing every line of
+//! them once (`json.loads`), what the Python module we replace pays before any plan. Rows:
 //! - cold: a fresh cache each time (the files indexed from scratch); target <= 2x the reference;
 //! - after 100 appended outcomes: the warm cache reads only the appended lines; target < 20 ms;
 //! - unchanged: the warm cache again with nothing appended;
@@ -33,6 +34,45 @@ fn failure_row(task: usize, attempt: usize) -> String {
     format!(
         "{{\"_ng_task_index\":{task},\"_ng_rollout_index\":0,\"_ng_attempt_index\":{attempt},\"_ng_run_id\":\"{RUN_ID}\",\"_ng_failure_class\":\"transport_peer_drop\",\"failure_kind\":\"transport_peer_drop\",\"error\":\"connection reset by peer\"}}\n"
     )
+}
+
+/// A second reference: what the Python collector pays merely to parse the same files once
+/// (`json.loads` of every line, `json.load` of the manifest), timed inside the interpreter,
+/// best of 3. `None` without a `python3`.
+fn cpython_parse_once(files: &[&std::path::PathBuf]) -> Option<Duration> {
+    const SCRIPT: &str = r#"
+import json, sys, time
+best = None
+for _ in range(3):
+    start = time.perf_counter()
+    for path in sys.argv[1:]:
+        with open(path, 'rb') as f:
+            if path.endswith('.json'):
+                json.load(f)
+            else:
+                for line in f:
+                    if line.strip():
+                        json.loads(line)
+    took = time.perf_counter() - start
+    best = took if best is None else min(best, took)
+print(best)
+"#;
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(SCRIPT)
+        .args(files)
+        .output()
+        .ok()?;
+    let seconds = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse::<f64>();
+    let Ok(seconds) = seconds else {
+        panic!(
+            "the CPython reference failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    Some(Duration::from_secs_f64(seconds))
 }
 
 fn write_lines(path: &std::path::Path, lines: impl Iterator<Item = String>) {
@@ -161,6 +201,15 @@ fn main() {
     });
     assert_eq!(scored, rollouts as u64);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    match cpython_parse_once(&files) {
+        Some(parse) => println!(
+            "second reference: CPython parsing every line of the same files once (json.loads, \
+             best of 3): {:.1} ms; plan, cold = {:.2} x that",
+            ms(parse),
+            cold.as_secs_f64() / parse.as_secs_f64()
+        ),
+        None => println!("second reference: python3 not found, CPython parse not measured"),
+    }
     println!("| measurement | time | ratio to reading the files once |");
     println!("| --- | --- | --- |");
     println!(
