@@ -1178,13 +1178,36 @@ async fn validate_source(
         took.as_secs_f64() * 1e3
     ));
     let body = validate_body(&source, 8000, None);
+    first_validate_then_settle(&service, settings, &run_id, &body, written, name, report).await?;
+    let load = Load::new(name, settings, settings.conns).expect("\"outcome\":\"reuse\"");
+    let make = validate_request(&service.url, &run_id, &body);
+    let result = run_load(&load, &service.url, Some(service.pid), make, settings).await;
+    report.push(result);
+    service.stop(report, name);
+    Ok(())
+}
+
+/// Notes the first (cold) validate of `run_id` with `body`, then waits until the source written
+/// at `written` is old enough to be trusted: the service trusts its cached source digest only
+/// once the file has been unchanged for 2 s (`recovery_runs::cache::SETTLE`), and before that
+/// every validate hashes the source again. Datasets are old when collectors resume, so loads
+/// start after that window.
+async fn first_validate_then_settle(
+    service: &Service,
+    settings: &Settings,
+    run_id: &str,
+    body: &Value,
+    written: Instant,
+    name: &str,
+    report: &mut Report,
+) -> BenchResult<()> {
     let (first, took) = call_json(
         &client(),
         &service.url,
         reqwest::Method::POST,
         &format!("/runs/{run_id}/validate"),
         COLLECTOR,
-        Some(&body),
+        Some(body),
         200,
         settings.setup_timeout,
     )
@@ -1194,16 +1217,8 @@ async fn validate_source(
         first["outcome"],
         took.as_secs_f64() * 1e3
     ));
-    // The service trusts its cached source digest only once the file has been unchanged for 2 s
-    // (`recovery_runs::cache::SETTLE`); before that every validate hashes the source again.
-    // Datasets are old when collectors resume, so the load starts after that window.
     let settle = Duration::from_millis(2500).saturating_sub(written.elapsed());
     tokio::time::sleep(settle).await;
-    let load = Load::new(name, settings, settings.conns).expect("\"outcome\":\"reuse\"");
-    let make = validate_request(&service.url, &run_id, &body);
-    let result = run_load(&load, &service.url, Some(service.pid), make, settings).await;
-    report.push(result);
-    service.stop(report, name);
     Ok(())
 }
 
@@ -1213,6 +1228,7 @@ async fn validate_rows(settings: &Settings, dir: &Path, report: &mut Report) -> 
     let service = Service::start(dir, &[])?;
     let source = service.root.join("src/train.jsonl");
     write_dataset(&source, 10_000)?;
+    let written = Instant::now();
     let rows = rows(1000);
     let (run_id, _, took) = create_run(&service, settings, "exp", &source, Some(&rows)).await?;
     report.note(format!(
@@ -1224,6 +1240,7 @@ async fn validate_rows(settings: &Settings, dir: &Path, report: &mut Report) -> 
         "{name}: validate body {} KB",
         body.to_string().len() / 1024
     ));
+    first_validate_then_settle(&service, settings, &run_id, &body, written, name, report).await?;
     let load = Load::new(name, settings, settings.conns).expect("\"outcome\":\"reuse\"");
     let make = validate_request(&service.url, &run_id, &body);
     let result = run_load(&load, &service.url, Some(service.pid), make, settings).await;
