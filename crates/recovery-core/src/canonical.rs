@@ -870,7 +870,14 @@ fn write_escaped(s: &[u8], out: &mut Vec<u8>) {
 /// is not JSON passes here and is refused by the parser that follows, with its own message.
 /// Strings, most of a row's bytes, are skipped with `memchr` to their next quote or backslash.
 pub fn check_depth(text: &[u8]) -> Result<(), CanonicalError> {
-    let mut depth = 0usize;
+    check_depth_within(text, 0)
+}
+
+/// [`check_depth`] of a text that sits `levels_above` levels down in a larger document (a
+/// field of a request body read as a raw text is one level down): its nesting counts from
+/// that document's root.
+pub fn check_depth_within(text: &[u8], levels_above: usize) -> Result<(), CanonicalError> {
+    let mut depth = levels_above;
     let mut at = 0;
     while let Some(&byte) = text.get(at) {
         match byte {

@@ -148,6 +148,13 @@ pub struct ResumeRequest {
     pub allow_unsafe: bool,
 }
 
+impl ResumeRequest {
+    /// The raw texts are fields of a request (the service's body, the CLI's bundle), one level
+    /// down: their nesting is bounded as the request's is, counted from its root, when they
+    /// are first read.
+    pub const LEVELS_ABOVE: usize = 1;
+}
+
 /// What a resume validation decided (refusals are [`OpError::ResumeRefused`] and friends).
 #[derive(Debug, Clone)]
 pub struct Resumed {
@@ -1284,9 +1291,12 @@ fn current_run_cached(
 
 /// The request's configuration texts as JSON values.
 fn parsed_configuration(request: &ResumeRequest) -> Result<(Value, Value), OpError> {
-    // The core's reader: nesting up to the 512 levels a digest takes, as create reads them.
+    // The core's reader: nesting up to the 512 levels a digest takes, counted from the request
+    // body the texts are fields of, as create reads them.
     let parse = |field: &str, raw: &serde_json::value::RawValue| {
-        recovery_core::canonical::parse_json(raw.get().as_bytes())
+        let text = raw.get().as_bytes();
+        recovery_core::canonical::check_depth_within(text, ResumeRequest::LEVELS_ABOVE)
+            .and_then(|()| recovery_core::canonical::parse_json(text))
             .map_err(|e| OpError::Invalid(format!("{field}: {e}")))
     };
     Ok((
@@ -1295,12 +1305,14 @@ fn parsed_configuration(request: &ResumeRequest) -> Result<(Value, Value), OpErr
     ))
 }
 
-/// Length-prefixed parts, hashed: no two different sequences of parts share a key.
+/// Length-prefixed parts, hashed: no two different sequences of parts share a key. BLAKE3, as
+/// collision resistant as SHA-256 (a sender cannot make other rows pass for cached ones) and
+/// about three times as fast: a validate with 1,000 rows inline hashes ~100 KB for its key.
+/// Keys live only in memory; every digest that is saved or compared with Python stays SHA-256.
 fn key_of<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> [u8; 32] {
-    use sha2::Digest as _;
-    let mut hasher = sha2::Sha256::new();
+    let mut hasher = blake3::Hasher::new();
     for part in parts {
-        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(&(part.len() as u64).to_le_bytes());
         hasher.update(part);
     }
     hasher.finalize().into()
@@ -1334,8 +1346,11 @@ fn rows_key(rows: &serde_json::value::RawValue) -> [u8; 32] {
 /// JSONL line (whitespace newlines inside a row's text are blanks between tokens, since a JSON
 /// string cannot hold a raw newline), digested from its text as the file would be.
 fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFacts, OpError> {
-    recovery_core::canonical::check_depth(rows.get().as_bytes())
-        .map_err(|e| OpError::Invalid(format!("rows: {e}")))?;
+    recovery_core::canonical::check_depth_within(
+        rows.get().as_bytes(),
+        ResumeRequest::LEVELS_ABOVE,
+    )
+    .map_err(|e| OpError::Invalid(format!("rows: {e}")))?;
     let mut deserializer = serde_json::Deserializer::from_str(rows.get());
     deserializer.disable_recursion_limit();
     let rows: Vec<&serde_json::value::RawValue> =

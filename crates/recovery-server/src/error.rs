@@ -524,6 +524,15 @@ pub fn parse_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8]) -> ApiR
     // lifted: a body nests up to the 512 levels a digest takes, on every endpoint.
     recovery_core::canonical::check_depth(body)
         .map_err(|e| ApiError::invalid(format!("body: {e}")))?;
+    parse_shallow_json_body(body)
+}
+
+/// [`parse_json_body`] without its depth pass, for bodies whose every nested value is read as a
+/// raw text (`RawValue`), or as a string or a flat map of strings: serde skips over a raw text
+/// without recursing, so no depth makes it overflow, and each raw text is depth-checked by
+/// whatever parses it later (the core's readers). Validate takes this path: the depth pass
+/// was ~14% of the CPU of a validate carrying 1,000 rows.
+pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8]) -> ApiResult<T> {
     // Every body is an object: serde would also read a struct from a positional array.
     if body
         .iter()

@@ -3,7 +3,7 @@
 use crate::config::{Caller, Role};
 use crate::error::{
     ApiError, ApiErrorBody, ApiJson, ApiJsonBytes, ApiQuery, ApiResult, ErrorCode, lease_holder,
-    mismatch_details, parse_json_body,
+    mismatch_details, parse_shallow_json_body,
 };
 use crate::state::AppState;
 use axum::Json;
@@ -179,6 +179,8 @@ pub async fn create_run(
 }
 
 /// A collector's pre-flight before (re)starting a run.
+// Read by `parse_shallow_json_body`: every nested field stays a raw text, a string or a flat
+// map of strings.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"config": {"limit": 2, "responses_create_params": {"temperature": 0.3}},
@@ -248,11 +250,14 @@ pub async fn validate(
 ) -> ApiResult<Json<ValidateResponse>> {
     caller.require(Role::Collector)?;
     // Rows may be thousands: a large body is read off the async workers (a small one costs
-    // less to read than to hand over), rows kept as raw texts.
+    // less to read than to hand over), rows and configuration kept as raw texts, so the body
+    // needs no depth pass of its own (their readers bound it).
     let request: ValidateRequest = if body.len() <= crate::state::INLINE_BODY_BYTES {
-        parse_json_body(&body)?
+        parse_shallow_json_body(&body)?
     } else {
-        state.blocking(move || parse_json_body(&body)).await?
+        state
+            .blocking(move || parse_shallow_json_body(&body))
+            .await?
     };
     let (run, paths) = state.run(&run_id).await?;
     let mut event = ResumeEvent {
@@ -274,7 +279,7 @@ pub async fn validate(
     state
         .detached(async move {
             let state = work;
-            let result = validate_inner(&state, &paths, &request, &mut event).await;
+            let result = validate_inner(&state, &paths, request, &mut event).await;
             if let Err(error) = &result {
                 event.outcome = match error.code {
                     ErrorCode::ResumeRefused => "refused",
@@ -304,21 +309,23 @@ pub async fn validate(
 async fn validate_inner(
     state: &AppState,
     paths: &SidecarPaths,
-    request: &ValidateRequest,
+    request: ValidateRequest,
     event: &mut ResumeEvent,
 ) -> ApiResult<ValidateResponse> {
     let run_id = event.run_id.clone().unwrap_or_default();
+    let lease_id = request.lease_id;
     state
-        .check_lease(paths, &run_id, request.lease_id.as_deref())
+        .check_lease(paths, &run_id, lease_id.as_deref())
         .await?;
+    // Moved, never copied: the rows may be megabytes.
     let resume = ResumeRequest {
-        config: request.config.clone(),
-        global_config: request.global_config.clone(),
-        environment: request.environment.clone(),
+        config: request.config,
+        global_config: request.global_config,
+        environment: request.environment,
         // A source that is gone is the decision's to answer (refused, or overridden with
         // allow_unsafe: facts §17 scenario 31).
         source: confined_path(state, &request.source_path, "source_path")?,
-        rows: request.rows.clone(),
+        rows: request.rows,
         allow_unsafe: request.allow_unsafe,
     };
     // The verdict is read and acted on inside the run's section: a manifest rewrite or a journal
@@ -372,7 +379,7 @@ async fn validate_inner(
                 .with_details(mismatch_details(&mismatches)))
         }
         Err(other) => Err(state
-            .under_lease(other.into(), &run_id, request.lease_id.as_deref())
+            .under_lease(other.into(), &run_id, lease_id.as_deref())
             .await),
     }
 }

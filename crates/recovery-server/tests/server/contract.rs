@@ -429,17 +429,66 @@ async fn json_nests_512_levels_on_every_endpoint_and_no_deeper() {
             COLLECTOR,
             format!("{{\"holder\": {}}}", nested(512)),
         ),
-        (
-            format!("/runs/{run_id}/validate"),
-            COLLECTOR,
-            format!("{{\"config\": {}}}", nested(512)),
-        ),
     ] {
         let reply = app
             .call_raw(Method::POST, &uri, Some(token), Some(body))
             .await;
         assert_invalid_naming(&reply, "512", &uri);
     }
+    // Validate reads its configuration and rows as raw texts, each bounded where it is parsed.
+    let validate = |field: &str, arrays: usize| {
+        let mut body = app.validate_body(0.3, 8000);
+        match field {
+            "rows" => body["rows"] = json!([{"x": "PLACEHOLDER"}]),
+            _ => body[field]["deep"] = json!("PLACEHOLDER"),
+        }
+        body.to_string().replace("\"PLACEHOLDER\"", &nested(arrays))
+    };
+    let uri = format!("/runs/{run_id}/validate");
+    for (field, deepest_arrays) in [("config", 510), ("global_config", 510), ("rows", 509)] {
+        let deepest = app
+            .call_raw(
+                Method::POST,
+                &uri,
+                Some(COLLECTOR),
+                Some(validate(field, deepest_arrays)),
+            )
+            .await;
+        assert_ne!(
+            deepest.body["code"], "invalid_request",
+            "{field} at 512 levels is read: {}",
+            deepest.body
+        );
+        let too_deep = app
+            .call_raw(
+                Method::POST,
+                &uri,
+                Some(COLLECTOR),
+                Some(validate(field, deepest_arrays + 1)),
+            )
+            .await;
+        assert_invalid_naming(&too_deep, "512", &format!("validate, {field} at 513"));
+        assert!(
+            too_deep.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(field)),
+            "the message names {field}: {}",
+            too_deep.body
+        );
+    }
+    let mut flat_only = app.validate_body(0.3, 8000);
+    flat_only["environment"]["DEEP"] = json!("PLACEHOLDER");
+    let flat_only = flat_only
+        .to_string()
+        .replace("\"PLACEHOLDER\"", &nested(100_000));
+    let reply = app
+        .call_raw(Method::POST, &uri, Some(COLLECTOR), Some(flat_only))
+        .await;
+    assert_invalid_naming(
+        &reply,
+        "environment",
+        "validate, a nested environment value",
+    );
     let classified = app
         .call_raw(
             Method::POST,
