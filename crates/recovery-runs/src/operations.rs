@@ -30,7 +30,8 @@ use std::sync::{Arc, LazyLock};
 /// Why an operation was refused or failed. Each variant is one stable API error code.
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
-    /// A request field is malformed; the message names it.
+    /// A request field is malformed; the message starts with the field's path and `: `
+    /// (`rows[3]: must be a JSON object`), which [`OpError::field`] reads back.
     #[error("{0}")]
     Invalid(String),
     /// The source dataset named by the request cannot be read (a resume with `allow_unsafe`
@@ -77,6 +78,25 @@ pub enum OpError {
     /// A rule of this module was broken (a bug, never the caller's input).
     #[error("internal invariant broken: {0}")]
     Invariant(&'static str),
+}
+
+/// A field path as messages of [`OpError::Invalid`] start with: `name`, `rows[3]`,
+/// `rows[3].key`.
+static FIELD_PATH: LazyLock<regex::Regex> = LazyLock::new(|| {
+    regex::Regex::new(r"^[A-Za-z_][A-Za-z0-9_]*(\[[0-9]+\]|\.[A-Za-z0-9_]+)*$")
+        .expect("static regex")
+});
+
+impl OpError {
+    /// The request field a refusal is about (`Invalid` and `SourceUnreadable` messages name it
+    /// first), for the API's `details.field`.
+    pub fn field(&self) -> Option<&str> {
+        let (OpError::Invalid(message) | OpError::SourceUnreadable(message)) = self else {
+            return None;
+        };
+        let (field, _) = message.split_once(": ")?;
+        FIELD_PATH.is_match(field).then_some(field)
+    }
 }
 
 /// Runs blocking file work off the async executor.

@@ -307,6 +307,9 @@ pub fn mismatch_details(mismatches: &[recovery_core::verdict::Mismatch]) -> serd
 impl From<recovery_runs::OpError> for ApiError {
     fn from(error: recovery_runs::OpError) -> Self {
         use recovery_runs::OpError;
+        if let Some(field) = error.field() {
+            return Self::invalid_field(field, error.to_string());
+        }
         match error {
             OpError::Invalid(m) | OpError::SourceUnreadable(m) => Self::invalid(m),
             OpError::NotFound(m) => Self::not_found(m),

@@ -58,10 +58,13 @@ fn ttl(state: &AppState, seconds: Option<u64>) -> ApiResult<time::Duration> {
         std::time::Duration::from_secs,
     );
     if ttl.is_zero() || ttl > state.config.max_lease_ttl {
-        return Err(ApiError::invalid(format!(
-            "ttl_seconds: must be between 1 and {}",
-            state.config.max_lease_ttl.as_secs()
-        )));
+        return Err(ApiError::invalid_field(
+            "ttl_seconds",
+            format!(
+                "ttl_seconds: must be between 1 and {}",
+                state.config.max_lease_ttl.as_secs()
+            ),
+        ));
     }
     Ok(time::Duration::try_from(ttl).unwrap_or(time::Duration::MINUTE))
 }
@@ -71,11 +74,16 @@ async fn lease_request(
     run_id: &str,
     request: &AcquireRequest,
 ) -> ApiResult<LeaseRequest> {
-    if request.holder.trim().is_empty() || request.host.trim().is_empty() {
-        return Err(ApiError::invalid("holder and host: must not be empty"));
+    for (field, value) in [("holder", &request.holder), ("host", &request.host)] {
+        if value.trim().is_empty() {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field}: must not be empty"),
+            ));
+        }
     }
     if request.pid < 0 {
-        return Err(ApiError::invalid("pid: must not be negative"));
+        return Err(ApiError::invalid_field("pid", "pid: must not be negative"));
     }
     let (_, paths) = state.run(run_id).await?;
     let mut lock_paths = vec![paths.run_lock.clone()];
@@ -83,7 +91,10 @@ async fn lease_request(
         // An empty one would resolve to the first root: every run given it would share one
         // checkpoint lock.
         if dir.trim().is_empty() {
-            return Err(ApiError::invalid("checkpoint_dir: must not be empty"));
+            return Err(ApiError::invalid_field(
+                "checkpoint_dir",
+                "checkpoint_dir: must not be empty",
+            ));
         }
         let dir = state
             .registry
@@ -273,7 +284,10 @@ pub async fn takeover(
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     caller.require(Role::Operator)?;
     if request.reason.trim().is_empty() {
-        return Err(ApiError::invalid("reason: say why the run is taken over"));
+        return Err(ApiError::invalid_field(
+            "reason",
+            "reason: say why the run is taken over",
+        ));
     }
     let acquire = AcquireRequest {
         holder: request.holder.clone(),

@@ -54,8 +54,12 @@ pub struct DriftPage {
 
 /// Normalises an RFC 3339 bound to the stored fixed-width form.
 fn time_bound(field: &str, text: &str) -> ApiResult<String> {
-    recovery_sidecar::normalize_rfc3339(text)
-        .map_err(|e| ApiError::invalid(format!("{field}: {text:?} is not an RFC 3339 time: {e}")))
+    recovery_sidecar::normalize_rfc3339(text).map_err(|e| {
+        ApiError::invalid_field(
+            field,
+            format!("{field}: {text:?} is not an RFC 3339 time: {e}"),
+        )
+    })
 }
 
 async fn drift_page(
@@ -192,7 +196,7 @@ fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<R
     }
     let policy = match request.policy {
         Some(raw) => ClassificationPolicy::from_json(raw.get().as_bytes())
-            .map_err(|e| ApiError::invalid(format!("policy: {e}")))?,
+            .map_err(|e| ApiError::invalid_field("policy", format!("policy: {e}")))?,
         None => ClassificationPolicy::default(),
     };
     let timeouts = request.retry_terminal_timeouts;
@@ -205,11 +209,14 @@ fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<R
                 }
                 match RowFacts::from_line(raw.get().as_bytes()) {
                     Ok(Some(facts)) => Ok(classify_facts(&facts, &policy, timeouts)),
-                    Ok(None) => Err(ApiError::invalid(format!(
-                        "rows[{}]: must be a JSON object",
-                        offset + i
-                    ))),
-                    Err(e) => Err(ApiError::invalid(format!("rows[{}]: {e}", offset + i))),
+                    Ok(None) => Err(ApiError::invalid_field(
+                        &format!("rows[{}]", offset + i),
+                        format!("rows[{}]: must be a JSON object", offset + i),
+                    )),
+                    Err(e) => Err(ApiError::invalid_field(
+                        &format!("rows[{}]", offset + i),
+                        format!("rows[{}]: {e}", offset + i),
+                    )),
                 }
             })
             .collect::<ApiResult<Vec<RowDecision>>>()
@@ -365,10 +372,9 @@ pub async fn plan(
     let limit = crate::error::page_limit(params.limit, 1000)? as usize;
     let after = match params.cursor.as_deref() {
         None => None,
-        Some(text) => Some(
-            text.parse::<usize>()
-                .map_err(|_| ApiError::invalid("cursor: not a cursor this service issued"))?,
-        ),
+        Some(text) => Some(text.parse::<usize>().map_err(|_| {
+            ApiError::invalid_field("cursor", "cursor: not a cursor this service issued")
+        })?),
     };
     let (_, paths) = state.run_on_disk(&run_id).await?;
     let cap = state.config.default_max_attempts;

@@ -91,10 +91,10 @@ fn confined_path(state: &AppState, path: &str, field: &str) -> ApiResult<std::pa
 fn confined_file(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
     let resolved = confined_path(state, path, field)?;
     if !resolved.is_file() {
-        return Err(ApiError::invalid(format!(
-            "{field}: {} is not a readable file",
-            resolved.display()
-        )));
+        return Err(ApiError::invalid_field(
+            field,
+            format!("{field}: {} is not a readable file", resolved.display()),
+        ));
     }
     Ok(resolved)
 }
@@ -120,9 +120,10 @@ pub async fn create_run(
         .max_rollout_attempts
         .is_some_and(|cap| !(1..=MAX_ROLLOUT_ATTEMPTS).contains(&cap))
     {
-        return Err(ApiError::invalid(format!(
-            "max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"
-        )));
+        return Err(ApiError::invalid_field(
+            "max_rollout_attempts",
+            format!("max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"),
+        ));
     }
     let last = request.output_path.rsplit('/').next().unwrap_or_default();
     if matches!(last, "" | "." | "..") {
@@ -456,10 +457,9 @@ pub async fn list_runs(
         }));
     }
     let cursor = match params.cursor.as_deref() {
-        Some(text) => Some(
-            Cursor::decode(text)
-                .ok_or_else(|| ApiError::invalid("cursor: not a cursor this service issued"))?,
-        ),
+        Some(text) => Some(Cursor::decode(text).ok_or_else(|| {
+            ApiError::invalid_field("cursor", "cursor: not a cursor this service issued")
+        })?),
         None => None,
     };
     let limit = crate::error::page_limit(params.limit, 100)?;

@@ -46,7 +46,8 @@ fn assert_invalid_naming(reply: &Reply, field: &str, context: &str) {
 }
 
 /// A refused field is named for programs too, as `details.field`: a body field of the wrong
-/// type (its path), a missing or unknown field, and a query parameter.
+/// type (its path), a missing or unknown field, a query parameter, and every field a handler
+/// checks itself.
 #[tokio::test]
 async fn an_invalid_field_is_named_in_details() {
     let app = TestApp::new().await;
@@ -104,7 +105,136 @@ async fn an_invalid_field_is_named_in_details() {
             "limit",
         ),
     ];
-    for (method, uri, token, body, field) in cases {
+    // Fields the handlers check themselves (ranges, emptiness, cursors, times, files).
+    let lease = |change: Value| {
+        let mut body = json!({"holder": "c", "host": "h", "pid": 1, "ttl_seconds": 60});
+        for (key, value) in change.as_object().expect("object") {
+            body[key] = value.clone();
+        }
+        body
+    };
+    let mut no_source = app.create_body();
+    no_source["source_path"] = json!("data/missing.jsonl");
+    let mut no_attempts = app.create_body();
+    no_attempts["max_rollout_attempts"] = json!(0);
+    let mut scalar_row = app.validate_body(0.3, 8000);
+    scalar_row["rows"] = json!([5]);
+    let lease_uri = format!("/runs/{run_id}/lease");
+    let checked = [
+        (
+            Method::POST,
+            lease_uri.clone(),
+            COLLECTOR,
+            Some(lease(json!({"holder": " "}))),
+            "holder",
+        ),
+        (
+            Method::POST,
+            lease_uri.clone(),
+            COLLECTOR,
+            Some(lease(json!({"host": ""}))),
+            "host",
+        ),
+        (
+            Method::POST,
+            lease_uri.clone(),
+            COLLECTOR,
+            Some(lease(json!({"pid": -1}))),
+            "pid",
+        ),
+        (
+            Method::POST,
+            lease_uri.clone(),
+            COLLECTOR,
+            Some(lease(json!({"ttl_seconds": 0}))),
+            "ttl_seconds",
+        ),
+        (
+            Method::POST,
+            lease_uri.clone(),
+            COLLECTOR,
+            Some(lease(json!({"checkpoint_dir": " "}))),
+            "checkpoint_dir",
+        ),
+        (
+            Method::POST,
+            format!("/runs/{run_id}/lease/takeover"),
+            OPERATOR,
+            Some(lease(json!({"reason": " "}))),
+            "reason",
+        ),
+        (
+            Method::POST,
+            "/runs".to_owned(),
+            COLLECTOR,
+            Some(no_source),
+            "source_path",
+        ),
+        (
+            Method::POST,
+            "/runs".to_owned(),
+            COLLECTOR,
+            Some(no_attempts),
+            "max_rollout_attempts",
+        ),
+        (
+            Method::GET,
+            "/runs?cursor=garbage".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::POST,
+            format!("/runs/{run_id}/validate"),
+            COLLECTOR,
+            Some(scalar_row),
+            "rows[0]",
+        ),
+        (
+            Method::POST,
+            format!("/runs/{run_id}/attempts/extend"),
+            OPERATOR,
+            Some(json!({"extend_attempts": 0, "reason": "more"})),
+            "extend_attempts",
+        ),
+        (
+            Method::GET,
+            format!("/runs/{run_id}/plan?cursor=x"),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
+            "/drift?from=yesterday".to_owned(),
+            VIEWER,
+            None,
+            "from",
+        ),
+        (
+            Method::GET,
+            "/drift?to=2026-13-01T00:00:00Z".to_owned(),
+            VIEWER,
+            None,
+            "to",
+        ),
+        (
+            Method::POST,
+            "/classify".to_owned(),
+            VIEWER,
+            Some(json!({"rows": [{"status": "ok"}, 5]})),
+            "rows[1]",
+        ),
+        (
+            Method::POST,
+            "/classify".to_owned(),
+            VIEWER,
+            Some(json!({"rows": [], "policy": {"schema_version": 2}})),
+            "policy",
+        ),
+    ];
+    for (method, uri, token, body, field) in cases.into_iter().chain(checked) {
         let reply = app.call(method, &uri, Some(token), body).await;
         assert_invalid_naming(&reply, field, &uri);
         assert_eq!(
