@@ -599,8 +599,12 @@ where
                             && field
                                 .bytes()
                                 .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-                    }) {
-                    Some(field) => ApiError::invalid_field(field, message),
+                    })
+                    .map(str::to_owned)
+                    // An unknown parameter is named only by serde's message.
+                    .or_else(|| named_field(text))
+                {
+                    Some(field) => ApiError::invalid_field(&field, message),
                     None => ApiError::invalid(message),
                 }
             })

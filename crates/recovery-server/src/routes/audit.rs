@@ -12,6 +12,7 @@ use utoipa::{IntoParams, ToSchema};
 
 /// Which audit entries to list.
 #[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct AuditParams {
     /// Only entries about this run.

@@ -16,17 +16,35 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 
-/// The run filter of `GET /drift` (beside [`RunDriftParams`], read from the same query).
-#[derive(Debug, Clone, Deserialize, IntoParams)]
+/// Which drift events to list across runs: [`RunDriftParams`] and a run filter. A parameter
+/// it does not know is refused (a misspelt filter would otherwise list every event).
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub struct DriftRunParam {
+pub struct DriftParams {
     /// Only this run's events.
     #[param(max_length = 200)]
     pub run_id: Option<String>,
+    /// Inclusive start (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
+    #[param(max_length = 64)]
+    pub from: Option<String>,
+    /// Exclusive end (RFC 3339 UTC).
+    #[param(max_length = 64)]
+    pub to: Option<String>,
+    /// Only events whose drifted keys include this dotted key.
+    #[param(max_length = 1000)]
+    pub key: Option<String>,
+    /// At most this many (1-1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`).
+    #[param(max_length = 400)]
+    pub cursor: Option<String>,
 }
 
-/// Which drift events of one run to list.
-#[derive(Debug, Clone, Deserialize, IntoParams)]
+/// Which drift events of one run to list (unknown parameters refused, as for [`DriftParams`]).
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct RunDriftParams {
     /// Inclusive start (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
@@ -44,6 +62,28 @@ pub struct RunDriftParams {
     /// Where the previous page ended (its `next_cursor`).
     #[param(max_length = 400)]
     pub cursor: Option<String>,
+}
+
+impl DriftParams {
+    /// The run filter and the rest.
+    fn split(self) -> (Option<String>, RunDriftParams) {
+        let DriftParams {
+            run_id,
+            from,
+            to,
+            key,
+            limit,
+            cursor,
+        } = self;
+        let rest = RunDriftParams {
+            from,
+            to,
+            key,
+            limit,
+            cursor,
+        };
+        (run_id, rest)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -122,16 +162,16 @@ async fn drift_page(
 }
 
 /// Every resume that crossed operational drift, across runs (oldest first).
-#[utoipa::path(get, path = "/drift", tag = "drift", params(DriftRunParam, RunDriftParams),
+#[utoipa::path(get, path = "/drift", tag = "drift", params(DriftParams),
     responses((status = 200, body = DriftPage), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn drift(
     State(state): State<AppState>,
     caller: Caller,
-    ApiQuery(run): ApiQuery<DriftRunParam>,
-    ApiQuery(params): ApiQuery<RunDriftParams>,
+    ApiQuery(params): ApiQuery<DriftParams>,
 ) -> ApiResult<Json<DriftPage>> {
     caller.require(Role::Viewer)?;
-    Ok(Json(drift_page(&state, params, run.run_id).await?))
+    let (run_id, params) = params.split();
+    Ok(Json(drift_page(&state, params, run_id).await?))
 }
 
 /// Every resume of one run that crossed operational drift.
@@ -283,6 +323,7 @@ pub async fn classify(
 
 /// Which rollouts of a plan to list.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct PlanParams {
     /// Only rollouts in this state (`scored`, `model_final`, `judge_recoverable`, `retryable`,

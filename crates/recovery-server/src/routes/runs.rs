@@ -411,6 +411,7 @@ pub struct RunList {
 
 /// Which runs to list, or the output path to look one up by.
 #[derive(Debug, Clone, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub struct ListParams {
     /// At most this many (1-1000, default 100).

@@ -424,21 +424,17 @@ async fn drift(
     PageQuery(query): PageQuery<DriftQuery>,
 ) -> Response {
     let blank = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
-    let run: Result<routes::query::DriftRunParam, _> =
-        serde_json::from_value(json!({"run_id": blank(&query.run_id)}));
-    let params: Result<routes::query::RunDriftParams, _> = serde_json::from_value(json!({
-        "from": blank(&query.from), "to": blank(&query.to), "key": blank(&query.key), "limit": 1000,
-    }));
-    let (Ok(run), Ok(params)) = (run, params) else {
-        return pages::error_page(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "the filters are malformed",
-        );
+    let params = routes::query::DriftParams {
+        run_id: blank(&query.run_id),
+        from: blank(&query.from),
+        to: blank(&query.to),
+        key: blank(&query.key),
+        limit: Some(1000),
+        cursor: None,
     };
     let page = routes::query::drift(
         State(state.clone()),
         visitor.caller.clone(),
-        ApiQuery(run),
         ApiQuery(params),
     )
     .await;

@@ -104,6 +104,36 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "limit",
         ),
+        // A misspelt filter is refused, never read as no filter.
+        (
+            Method::GET,
+            "/drift?runid=x".to_owned(),
+            VIEWER,
+            None,
+            "runid",
+        ),
+        (
+            Method::GET,
+            format!("/runs/{run_id}/drift?run_id=x"),
+            VIEWER,
+            None,
+            "run_id",
+        ),
+        (Method::GET, "/runs?limt=5".to_owned(), VIEWER, None, "limt"),
+        (
+            Method::GET,
+            format!("/runs/{run_id}/plan?stat=failed"),
+            VIEWER,
+            None,
+            "stat",
+        ),
+        (
+            Method::GET,
+            "/audit?actr=ops".to_owned(),
+            OPERATOR,
+            None,
+            "actr",
+        ),
     ];
     // Fields the handlers check themselves (ranges, emptiness, cursors, times, files).
     let lease = |change: Value| {
