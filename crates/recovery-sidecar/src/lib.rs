@@ -18,7 +18,7 @@ pub use journal::{
     NotARegularFile, append_line, append_line_at, append_lines_at, is_not_a_regular_file,
     prepare_append, read_lines, read_lines_at, read_lines_batch, read_lines_from,
 };
-pub use lock::{LockError, RunLock};
+pub use lock::{LockError, RunLock, flock_held_elsewhere};
 pub use paths::{Confinement, PathError, SidecarPaths};
 
 /// Now as RFC 3339 UTC with microseconds (fixed width, so text order is time order).

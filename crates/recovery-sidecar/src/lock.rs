@@ -208,6 +208,35 @@ enum Place {
     Directory((u64, u64)),
 }
 
+/// Whether a process other than this one holds a `flock` on the file at `path`, read from the
+/// kernel's table of locks (`/proc/locks`, as `lslocks` reads it) without taking the lock:
+/// taking it to find out, even for an instant, can make a collector's own non-blocking attempt
+/// fail, and would wait behind this service's own sections. `Ok(None)` when the table cannot
+/// be read (no `/proc`); a path that is not a regular file of its own is refused as an acquire
+/// refuses it.
+pub fn flock_held_elsewhere(path: &Path) -> Result<Option<bool>, LockError> {
+    let metadata = std::fs::symlink_metadata(path).map_err(|source| LockError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    if !metadata.is_file() || metadata.nlink() > 1 {
+        return Err(LockError::NotAFile(path.to_owned()));
+    }
+    let Ok(table) = procfs::locks() else {
+        return Ok(None);
+    };
+    let ours = i32::try_from(std::process::id()).ok();
+    let (major, minor) = (
+        rustix::fs::major(metadata.dev()),
+        rustix::fs::minor(metadata.dev()),
+    );
+    Ok(Some(table.iter().any(|lock| {
+        lock.lock_type == procfs::LockType::FLock
+            && (lock.devmaj, lock.devmin, lock.inode) == (major, minor, metadata.ino())
+            && lock.pid != ours
+    })))
+}
+
 /// Opens the lock file at `path` (created when missing; never through a link) and takes its
 /// exclusive `flock` without waiting, in the directory `place` allows: a lock taken again opens
 /// the file only in the directory it was first taken in, never in one created since or reached

@@ -227,22 +227,24 @@ pub async fn holder(
     // An expired lease of ours is ended (its flock released) before it is reported gone, and a
     // lease whose process is gone (nobody holds the flock) is ended, not reported live.
     let lease = state.registry.live_lease(&paths, &run_id).await?;
-    // Without a live lease, probe the run's flock: a holder outside the service (a Python
-    // collector, another service process without a lease) is reported.
+    // Without a live lease, the run's flock is looked up: a holder outside the service (a
+    // Python collector, another service process without a lease) is reported. The kernel's
+    // lock table is read, never the lock taken (a collector starting now must not find it
+    // taken by a read); only where that table cannot be read is the lock tried, as before.
     // A lock file that cannot be locked at all (a link, FIFO or directory where it belongs) is
     // refused as a path, as an acquire would be, never reported as another process's lock.
     // A missing lock file is held by nobody, and a read never creates it (nor its directory).
-    let lock_path = paths.run_lock.clone();
-    let lock_exists = state
-        .blocking(move || Ok(std::fs::symlink_metadata(&lock_path).is_ok()))
-        .await?;
     let externally_locked = match &lease {
         Some(_) => false,
-        None if !lock_exists => false,
-        None => match state.registry.lock(&paths).await {
-            Ok(_) => false,
-            Err(recovery_runs::RunLockError::Locked(recovery_sidecar::LockError::Owned(_))) => true,
-            Err(other) => return Err(other.into()),
+        None => match flock_held_elsewhere(&state, &paths).await? {
+            Some(held) => held,
+            None => match state.registry.lock(&paths).await {
+                Ok(_) => false,
+                Err(recovery_runs::RunLockError::Locked(recovery_sidecar::LockError::Owned(_))) => {
+                    true
+                }
+                Err(other) => return Err(other.into()),
+            },
         },
     };
     Ok(Json(HolderView {
@@ -250,6 +252,24 @@ pub async fn holder(
         holder: lease.as_ref().map(lease_holder),
         locked_outside_service: externally_locked,
     }))
+}
+
+/// Whether another process holds the run's `flock` per the kernel's lock table: `Some(false)`
+/// for a missing lock file, `None` when the table cannot be read.
+async fn flock_held_elsewhere(
+    state: &AppState,
+    paths: &recovery_sidecar::SidecarPaths,
+) -> ApiResult<Option<bool>> {
+    let lock_path = paths.run_lock.clone();
+    state
+        .blocking(move || {
+            if std::fs::symlink_metadata(&lock_path).is_err() {
+                return Ok(Some(false));
+            }
+            recovery_sidecar::flock_held_elsewhere(&lock_path)
+                .map_err(|e| recovery_runs::RunLockError::from(e).into())
+        })
+        .await
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

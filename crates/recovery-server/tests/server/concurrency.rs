@@ -248,6 +248,106 @@ async fn concurrent_admissions_of_one_rejudgment_open_it_once() {
     assert_eq!(saved_manifest(&app).pending_rejudge.len(), 1);
 }
 
+/// A collector taking its run's `flock` without waiting and releasing it, 100,000 times: prints
+/// `start`, then how many times it was refused.
+const COLLECTOR_CYCLING_ITS_LOCK: &str = r"
+import fcntl, sys
+f = open(sys.argv[1], 'a')
+print('start', flush=True)
+refused = 0
+for _ in range(100000):
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(f, fcntl.LOCK_UN)
+    except BlockingIOError:
+        refused += 1
+print(refused, flush=True)
+";
+
+/// Asking who holds a run never takes its `flock`: a Python collector taking and releasing the
+/// lock without waiting, over and over while dashboards ask, is never refused; a holder is
+/// still reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asking_who_holds_a_run_never_takes_its_lock_from_a_collector() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let uri = format!("/runs/{run_id}/lease");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let askers: Vec<_> = (0..4)
+        .map(|_| {
+            let (state, uri, stop, answered) = (
+                app.state.clone(),
+                uri.clone(),
+                stop.clone(),
+                answered.clone(),
+            );
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let reply = send(state.clone(), Method::GET, &uri, Some(VIEWER), None).await;
+                    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+                    answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let mut collector = Command::new("python3")
+        .args(["-c", COLLECTOR_CYCLING_ITS_LOCK])
+        .arg(&paths.run_lock)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut lines = BufReader::new(collector.stdout.take().expect("stdout")).lines();
+    let (started, refused) = tokio::task::spawn_blocking({
+        let answered = answered.clone();
+        move || {
+            let start = lines.next().expect("a line").expect("start");
+            assert_eq!(start, "start");
+            let before = answered.load(std::sync::atomic::Ordering::Relaxed);
+            let refused: usize = lines
+                .next()
+                .expect("a line")
+                .expect("count")
+                .parse()
+                .expect("a count");
+            let during = answered.load(std::sync::atomic::Ordering::Relaxed) - before;
+            (during, refused)
+        }
+    })
+    .await
+    .expect("reader");
+    collector.wait().expect("python3");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for asker in askers {
+        asker.await.expect("asker");
+    }
+    assert!(
+        started >= 20,
+        "the holder was asked {started} times meanwhile"
+    );
+    assert_eq!(
+        refused, 0,
+        "the collector was refused its lock {refused} times"
+    );
+    let python = PythonLock::hold(&paths.run_lock);
+    let held = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(
+        held.body["locked_outside_service"],
+        json!(true),
+        "{}",
+        held.body
+    );
+    drop(python);
+    let free = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(
+        free.body["locked_outside_service"],
+        json!(false),
+        "{}",
+        free.body
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changes_are_refused_while_a_python_collector_owns_the_run_lock() {
     let app = TestApp::new().await;
