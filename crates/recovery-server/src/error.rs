@@ -516,7 +516,8 @@ impl<S: Send + Sync> axum::extract::FromRequest<S> for ApiJsonBytes {
 fn named_field(message: &str) -> Option<String> {
     let rest = message
         .strip_prefix("missing field `")
-        .or_else(|| message.strip_prefix("unknown field `"))?;
+        .or_else(|| message.strip_prefix("unknown field `"))
+        .or_else(|| message.strip_prefix("duplicate field `"))?;
     rest.split_once('`').map(|(field, _)| field.to_owned())
 }
 
@@ -589,9 +590,8 @@ where
             .map_err(|e| {
                 let text = e.body_text();
                 let text = text.trim_start_matches("Failed to deserialize query string: ");
-                let message = format!("query: {text}");
                 // The framework names the parameter first (`limit: invalid digit ...`).
-                match text
+                let field = text
                     .split_once(": ")
                     .map(|(field, _)| field)
                     .filter(|field| {
@@ -601,11 +601,15 @@ where
                                 .all(|b| b.is_ascii_alphanumeric() || b == b'_')
                     })
                     .map(str::to_owned)
-                    // An unknown parameter is named only by serde's message.
-                    .or_else(|| named_field(text))
-                {
-                    Some(field) => ApiError::invalid_field(&field, message),
-                    None => ApiError::invalid(message),
+                    // An unknown or repeated parameter is named only by serde's message.
+                    .or_else(|| named_field(text));
+                match field {
+                    // The parameter comes first in the message, as a body field's does.
+                    Some(field) if text.starts_with(&format!("{field}: ")) => {
+                        ApiError::invalid_field(&field, text.to_owned())
+                    }
+                    Some(field) => ApiError::invalid_field(&field, format!("{field}: {text}")),
+                    None => ApiError::invalid(format!("query: {text}")),
                 }
             })
     }

@@ -114,6 +114,13 @@ async fn an_invalid_field_is_named_in_details() {
         ),
         (
             Method::GET,
+            "/drift?limit=1&limit=2".to_owned(),
+            VIEWER,
+            None,
+            "limit",
+        ),
+        (
+            Method::GET,
             format!("/runs/{run_id}/drift?run_id=x"),
             VIEWER,
             None,
@@ -265,7 +272,14 @@ async fn an_invalid_field_is_named_in_details() {
         ),
     ];
     for (method, uri, token, body, field) in cases.into_iter().chain(checked) {
-        let reply = app.call(method, &uri, Some(token), body).await;
+        let reply = app.call(method.clone(), &uri, Some(token), body).await;
+        if method == Method::GET {
+            let message = reply.body["message"].as_str().unwrap_or_default();
+            assert!(
+                message.starts_with(&format!("{field}: ")),
+                "{uri}: a parameter comes first in the message: {message}"
+            );
+        }
         assert_invalid_naming(&reply, field, &uri);
         assert_eq!(
             reply.body["details"]["field"], field,
