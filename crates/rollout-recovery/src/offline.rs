@@ -420,6 +420,9 @@ pub struct DriftArgs {
     to: Option<String>,
     #[arg(long, default_value_t = 100)]
     limit: u32,
+    /// The next page: the `next_cursor` of the page before, as printed.
+    #[arg(long)]
+    cursor: Option<String>,
 }
 
 pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
@@ -430,6 +433,7 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
         ("key", &args.key),
         ("from", &args.from),
         ("to", &args.to),
+        ("cursor", &args.cursor),
     ] {
         if let Some(value) = value {
             query.push((name, value.clone()));

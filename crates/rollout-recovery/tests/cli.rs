@@ -212,6 +212,21 @@ async fn a_run_end_to_end_over_a_real_socket() {
         Some(run_id.as_str()),
         "{history}"
     );
+    // A second resume across drift, for the operator CLI to page through below.
+    let (status, again) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &uri,
+        COLLECTOR,
+        Some(validate(0.3, 9001)),
+    )
+    .await;
+    assert_eq!(
+        (status, again["outcome"].as_str()),
+        (200, Some("resume_with_drift")),
+        "{again}"
+    );
     let (status, refused) = call(
         &client,
         &server,
@@ -285,19 +300,43 @@ async fn a_run_end_to_end_over_a_real_socket() {
     let approvals =
         std::fs::read_to_string(root.join("exp/out_rerun_masked.jsonl")).expect("journal");
     assert!(approvals.contains("\"task_index\":1") && approvals.contains("\"attempt_index\":0"));
-    // The operator CLI reads the same drift history.
-    let cli = Command::new(BIN)
-        .args(["drift", "--url", &server.url, "--run", &run_id])
-        .env("RR_TOKEN", VIEWER)
-        .output()
-        .expect("cli");
-    assert!(
-        cli.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cli.stderr)
-    );
-    let page: Value = serde_json::from_slice(&cli.stdout).expect("json");
-    assert_eq!(page["events"].as_array().expect("events").len(), 1);
+    // The operator CLI reads the same drift history, a page at a time.
+    let drift_page = |cursor: Option<&str>| {
+        let mut args = vec![
+            "drift",
+            "--url",
+            &server.url,
+            "--run",
+            &run_id,
+            "--limit",
+            "1",
+        ];
+        if let Some(cursor) = cursor {
+            args.extend(["--cursor", cursor]);
+        }
+        let cli = Command::new(BIN)
+            .args(args)
+            .env("RR_TOKEN", VIEWER)
+            .output()
+            .expect("cli");
+        assert!(
+            cli.status.success(),
+            "{}",
+            String::from_utf8_lossy(&cli.stderr)
+        );
+        serde_json::from_slice::<Value>(&cli.stdout).expect("json")
+    };
+    let first = drift_page(None);
+    let next = first["next_cursor"].as_str().expect("another page follows");
+    let second = drift_page(Some(next));
+    assert_eq!(second["next_cursor"], Value::Null, "{second}");
+    let ids: Vec<&Value> = [&first, &second]
+        .iter()
+        .flat_map(|page| page["events"].as_array().expect("events"))
+        .map(|event| &event["event_id"])
+        .collect();
+    assert_eq!(ids.len(), 2, "{first} {second}");
+    assert_ne!(ids[0], ids[1], "two different events");
 }
 
 const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
