@@ -20,9 +20,11 @@ pub use records::*;
 
 use owner::Owner;
 
+use recovery_core::identity::redaction::redact_string;
+use sqlx::Connection as _;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::pool::PoolConnection;
-use sqlx::{Any, AnyPool, Row};
+use sqlx::{Any, AnyConnection, AnyPool, Row};
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -38,6 +40,14 @@ pub enum Backend {
 pub enum StoreError {
     #[error("unsupported database URL {0:?} (use sqlite://... or postgres://...)")]
     UnsupportedUrl(String),
+    /// The database named by the URL could not be reached at start (the URL with its password
+    /// hidden).
+    #[error("cannot connect to the database {url}: {source}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
@@ -335,9 +345,7 @@ impl Store {
             Backend::Postgres
         } else {
             // The URL may carry a password: never echo it.
-            return Err(StoreError::UnsupportedUrl(
-                recovery_core::identity::redaction::redact_string(url),
-            ));
+            return Err(StoreError::UnsupportedUrl(redact_string(url)));
         };
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
@@ -354,6 +362,17 @@ impl Store {
             Backend::Sqlite => SQLITE_CONNECTIONS,
             Backend::Postgres => POSTGRES_CONNECTIONS,
         };
+        // One connection first: a database that cannot be reached is named at once with the
+        // driver's reason, where the pool would retry in silence for its whole acquire timeout.
+        tracing::info!(url = %redact_string(&url), "connecting to the database");
+        AnyConnection::connect(&url)
+            .await
+            .map_err(|source| StoreError::Unreachable {
+                url: redact_string(&url),
+                source,
+            })?
+            .close()
+            .await?;
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
             // An SQLite connection is a file handle: a ping before every use (one more round

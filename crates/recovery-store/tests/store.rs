@@ -966,3 +966,23 @@ async fn sqlite_commits_reach_the_database_file_through_the_background_checkpoin
     );
     store.close().await;
 }
+
+/// A PostgreSQL database that cannot be reached at start is named (host and port, never the
+/// password) with the driver's reason, not after the pool's silent retries.
+#[tokio::test]
+async fn an_unreachable_database_is_named_without_its_password() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let url = format!("postgres://collector:PGSECRET@127.0.0.1:{port}/test");
+    let Err(error) = Store::connect(&url).await else {
+        panic!("{url} connected");
+    };
+    let message = error.to_string();
+    assert!(
+        message.starts_with("cannot connect to the database")
+            && message.contains(&format!("127.0.0.1:{port}")),
+        "{message}"
+    );
+    assert!(!message.contains("PGSECRET"), "{message}");
+}
