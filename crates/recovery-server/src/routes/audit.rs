@@ -16,6 +16,7 @@ use utoipa::{IntoParams, ToSchema};
 #[into_params(parameter_in = Query)]
 pub struct AuditParams {
     /// Only entries about this run.
+    #[serde(default, deserialize_with = "crate::limits::opt_id")]
     #[param(max_length = 256)]
     pub run_id: Option<String>,
     /// Only entries by this actor (a token's name, `local` or `system`).

@@ -23,7 +23,8 @@ use utoipa::{IntoParams, ToSchema};
 #[into_params(parameter_in = Query)]
 pub struct DriftParams {
     /// Only this run's events.
-    #[param(max_length = 200)]
+    #[serde(default, deserialize_with = "crate::limits::opt_id")]
+    #[param(max_length = 256)]
     pub run_id: Option<String>,
     /// Inclusive start (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
     #[param(max_length = 64)]

@@ -121,6 +121,20 @@ async fn an_invalid_field_is_named_in_details() {
         ),
         (
             Method::GET,
+            format!("/drift?run_id={}", "r".repeat(300)),
+            VIEWER,
+            None,
+            "run_id",
+        ),
+        (
+            Method::GET,
+            format!("/audit?run_id={}", "r".repeat(300)),
+            OPERATOR,
+            None,
+            "run_id",
+        ),
+        (
+            Method::GET,
             format!("/runs/{run_id}/drift?run_id=x"),
             VIEWER,
             None,
