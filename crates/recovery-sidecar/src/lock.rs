@@ -211,14 +211,20 @@ enum Place {
 /// Whether a process other than this one holds a `flock` on the file at `path`, read from the
 /// kernel's table of locks (`/proc/locks`, as `lslocks` reads it) without taking the lock:
 /// taking it to find out, even for an instant, can make a collector's own non-blocking attempt
-/// fail, and would wait behind this service's own sections. `Ok(None)` when the table cannot
-/// be read (no `/proc`); a path that is not a regular file of its own is refused as an acquire
-/// refuses it.
+/// fail, and would wait behind this service's own sections. `Ok(Some(false))` for a missing
+/// file (nobody holds it), `Ok(None)` when the table cannot be read (no `/proc`); a path that
+/// is not a regular file of its own is refused as an acquire refuses it.
 pub fn flock_held_elsewhere(path: &Path) -> Result<Option<bool>, LockError> {
-    let metadata = std::fs::symlink_metadata(path).map_err(|source| LockError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let metadata = match std::fs::symlink_metadata(path) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Some(false)),
+        Err(source) => {
+            return Err(LockError::Io {
+                path: path.to_owned(),
+                source,
+            });
+        }
+    };
     if !metadata.is_file() || metadata.nlink() > 1 {
         return Err(LockError::NotAFile(path.to_owned()));
     }

@@ -364,13 +364,11 @@ impl Store {
         };
         // One connection first: a database that cannot be reached is named at once with the
         // driver's reason, where the pool would retry in silence for its whole acquire timeout.
-        tracing::info!(url = %redact_string(&url), "connecting to the database");
+        let shown = redact_string(&url);
+        tracing::info!(url = %shown, "connecting to the database");
         AnyConnection::connect(&url)
             .await
-            .map_err(|source| StoreError::Unreachable {
-                url: redact_string(&url),
-                source,
-            })?
+            .map_err(|source| StoreError::Unreachable { url: shown, source })?
             .close()
             .await?;
         let pool = AnyPoolOptions::new()

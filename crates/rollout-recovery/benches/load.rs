@@ -1178,21 +1178,17 @@ async fn validate_source(
         took.as_secs_f64() * 1e3
     ));
     let body = validate_body(&source, 8000, None);
-    first_validate_then_settle(&service, settings, &run_id, &body, written, name, report).await?;
-    let load = Load::new(name, settings, settings.conns).expect("\"outcome\":\"reuse\"");
-    let make = validate_request(&service.url, &run_id, &body);
-    let result = run_load(&load, &service.url, Some(service.pid), make, settings).await;
-    report.push(result);
+    reuse_under_load(&service, settings, &run_id, &body, written, name, report).await?;
     service.stop(report, name);
     Ok(())
 }
 
-/// Notes the first (cold) validate of `run_id` with `body`, then waits until the source written
-/// at `written` is old enough to be trusted: the service trusts its cached source digest only
-/// once the file has been unchanged for 2 s (`recovery_runs::cache::SETTLE`), and before that
-/// every validate hashes the source again. Datasets are old when collectors resume, so loads
-/// start after that window.
-async fn first_validate_then_settle(
+/// Notes the first (cold) validate of `run_id` with `body`, waits until the source written at
+/// `written` is old enough to be trusted, then loads the service with that validate (every
+/// answer `reuse`): the service trusts its cached source digest only once the file has been
+/// unchanged for 2 s (`recovery_runs::cache::SETTLE`), and before that every validate hashes
+/// the source again. Datasets are old when collectors resume, so loads start after that window.
+async fn reuse_under_load(
     service: &Service,
     settings: &Settings,
     run_id: &str,
@@ -1219,6 +1215,10 @@ async fn first_validate_then_settle(
     ));
     let settle = Duration::from_millis(2500).saturating_sub(written.elapsed());
     tokio::time::sleep(settle).await;
+    let load = Load::new(name, settings, settings.conns).expect("\"outcome\":\"reuse\"");
+    let make = validate_request(&service.url, run_id, body);
+    let result = run_load(&load, &service.url, Some(service.pid), make, settings).await;
+    report.push(result);
     Ok(())
 }
 
@@ -1240,11 +1240,7 @@ async fn validate_rows(settings: &Settings, dir: &Path, report: &mut Report) -> 
         "{name}: validate body {} KB",
         body.to_string().len() / 1024
     ));
-    first_validate_then_settle(&service, settings, &run_id, &body, written, name, report).await?;
-    let load = Load::new(name, settings, settings.conns).expect("\"outcome\":\"reuse\"");
-    let make = validate_request(&service.url, &run_id, &body);
-    let result = run_load(&load, &service.url, Some(service.pid), make, settings).await;
-    report.push(result);
+    reuse_under_load(&service, settings, &run_id, &body, written, name, report).await?;
     service.stop(report, name);
     Ok(())
 }

@@ -254,8 +254,8 @@ pub async fn holder(
     }))
 }
 
-/// Whether another process holds the run's `flock` per the kernel's lock table: `Some(false)`
-/// for a missing lock file, `None` when the table cannot be read.
+/// Whether another process holds the run's `flock` per the kernel's lock table (see
+/// [`recovery_sidecar::flock_held_elsewhere`]), off the async workers.
 async fn flock_held_elsewhere(
     state: &AppState,
     paths: &recovery_sidecar::SidecarPaths,
@@ -263,9 +263,6 @@ async fn flock_held_elsewhere(
     let lock_path = paths.run_lock.clone();
     state
         .blocking(move || {
-            if std::fs::symlink_metadata(&lock_path).is_err() {
-                return Ok(Some(false));
-            }
             recovery_sidecar::flock_held_elsewhere(&lock_path)
                 .map_err(|e| recovery_runs::RunLockError::from(e).into())
         })
