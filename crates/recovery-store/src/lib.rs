@@ -167,6 +167,15 @@ impl Drop for AdvisoryLock {
 #[derive(serde::Deserialize)]
 struct DriftRow(String, String, String, String, String, Vec<String>);
 
+/// A drift event and its recorded position, as [`Store::follow_drift`] has the database build.
+#[derive(serde::Deserialize)]
+struct FollowedRow(String, String, String, String, String, Vec<String>, i64);
+
+/// The transaction-scoped PostgreSQL advisory lock every drift-inserting transaction takes
+/// before it draws recorded positions, so that positions are drawn and committed in one order
+/// (migration 0009). Any constant works; this one spells "driftseq".
+const DRIFT_RECORD_LOCK: i64 = 0x6472_6966_7473_6571;
+
 impl DriftRow {
     fn into_event(self) -> DriftEvent {
         let DriftRow(event_id, run_id, at, saved_config_digest, current_config_digest, keys) = self;
@@ -311,6 +320,10 @@ async fn insert_drift_postgres(
         })
         .collect();
     let rows = serde_json::to_string(&rows)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(DRIFT_RECORD_LOCK)
+        .execute(&mut **tx)
+        .await?;
     let inserted = sqlx::query(
         "INSERT INTO drift_events (event_id, run_id, at, saved_config_digest, current_config_digest, operational_keys) \
          SELECT x ->> 0, x ->> 1, x ->> 2, x ->> 3, x ->> 4, x ->> 5 FROM json_array_elements($1::json) AS x \
@@ -932,6 +945,71 @@ impl Store {
         // again in a temporary table); the page is the inner query's, in (time, id) order.
         rows.sort_unstable_by(|a, b| (&a.2, &a.0).cmp(&(&b.2, &b.0)));
         Ok(rows.into_iter().map(DriftRow::into_event).collect())
+    }
+
+    /// Drift events recorded after a position, in the order they were recorded (which is the
+    /// order they committed: migration 0009), with the filters of [`Store::query_drift`]. The
+    /// recorded order is read from its own table, so a filter is a scan from the position:
+    /// meant for following the history as it is written, where the position is recent.
+    pub async fn follow_drift(&self, filter: &DriftFollow) -> Result<FollowedDrift, StoreError> {
+        // The position is a number this code formats, never text from a client.
+        let mut conditions = vec![format!("r.seq > {}", filter.after.max(0))];
+        let bind = |value: &str, binds: &mut Vec<String>| {
+            binds.push(value.to_owned());
+            format!("${}", binds.len())
+        };
+        let mut binds: Vec<String> = Vec::new();
+        if let Some(run_id) = &filter.run_id {
+            conditions.push(format!("d.run_id = {}", bind(run_id, &mut binds)));
+        }
+        if let Some(from) = &filter.from {
+            conditions.push(format!("d.at >= {}", bind(from, &mut binds)));
+        }
+        if let Some(to) = &filter.to {
+            conditions.push(format!("d.at < {}", bind(to, &mut binds)));
+        }
+        if let Some(key) = &filter.key {
+            conditions.push(format!(
+                "EXISTS (SELECT 1 FROM drift_event_keys k WHERE k.key = {} AND k.at = d.at AND k.event_id = d.event_id)",
+                bind(key, &mut binds)
+            ));
+        }
+        let inner = format!(
+            "SELECT r.seq, d.event_id, d.run_id, d.at, d.saved_config_digest, d.current_config_digest, d.operational_keys \
+             FROM drift_recorded r JOIN drift_events d ON d.at = r.at AND d.event_id = r.event_id \
+             WHERE {} ORDER BY r.seq LIMIT {}",
+            conditions.join(" AND "),
+            filter.limit.clamp(1, MAX_ROWS)
+        );
+        // One statement, so one snapshot: the head is the last position this page could see.
+        let head = "(SELECT COALESCE(MAX(seq), 0) FROM drift_recorded)";
+        let sql = match self.backend {
+            Backend::Sqlite => format!(
+                "SELECT json_group_array(json_array(event_id, run_id, at, saved_config_digest, \
+                 current_config_digest, json(operational_keys), seq)), {head} FROM ({inner})"
+            ),
+            Backend::Postgres => format!(
+                "SELECT COALESCE(json_agg(json_build_array(event_id, run_id, at, saved_config_digest, \
+                 current_config_digest, operational_keys::json, seq))::text, '[]'), {head} FROM ({inner}) AS page"
+            ),
+        };
+        let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
+        for value in &binds {
+            query = query.bind(value.as_str());
+        }
+        let (page, head) = query.fetch_one(&self.pool).await?;
+        let mut rows: Vec<FollowedRow> = serde_json::from_str(&page)?;
+        rows.sort_unstable_by_key(|row| row.6);
+        let events = rows
+            .into_iter()
+            .map(
+                |FollowedRow(event_id, run_id, at, saved, current, keys, seq)| {
+                    let event = DriftRow(event_id, run_id, at, saved, current, keys).into_event();
+                    (seq, event)
+                },
+            )
+            .collect();
+        Ok(FollowedDrift { events, head })
     }
 
     // --- approvals, attempts, re-judgments -------------------------------------------------

@@ -88,6 +88,31 @@ pub struct DriftFilter {
     pub limit: u32,
 }
 
+/// Which drift events to follow in the order they were recorded: the filters of
+/// [`DriftFilter`] and a position instead of a time cursor.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriftFollow {
+    pub run_id: Option<String>,
+    pub key: Option<String>,
+    /// Inclusive lower bound of `at` (RFC 3339).
+    pub from: Option<String>,
+    /// Exclusive upper bound of `at` (RFC 3339).
+    pub to: Option<String>,
+    /// Only events recorded after this position (0: from the first).
+    pub after: i64,
+    pub limit: u32,
+}
+
+/// A page of drift events in the order they were recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FollowedDrift {
+    /// Each event with its recorded position, ascending.
+    pub events: Vec<(i64, DriftEvent)>,
+    /// The last position recorded when the page was read, in the same snapshot: when the page
+    /// holds fewer than its limit, no event at or before `head` is left to find.
+    pub head: i64,
+}
+
 /// An operator's approval to rerun exactly one masked attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct Approval {
