@@ -74,6 +74,28 @@ fn drift_ids(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Every drift event's id in the database, in the order recorded (paged: there may be more
+/// than a page).
+async fn every_drift_id(store: &Store) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store
+            .follow_drift(&recovery_store::DriftFollow {
+                after,
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("drift");
+        let Some((last, _)) = page.events.last() else {
+            return ids;
+        };
+        after = *last;
+        ids.extend(page.events.into_iter().map(|(_, e)| e.event_id));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_lines() {
     let root = tempfile::tempdir().expect("root");
@@ -103,12 +125,22 @@ async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_li
             .spawn()
             .expect("crash writer");
         let stdout = child.stdout.take().expect("stdout");
+        let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
         let reader = std::thread::spawn(move || {
-            BufReader::new(stdout)
-                .lines()
-                .map_while(Result::ok)
-                .collect::<Vec<_>>()
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines_tx.send(line);
+            }
         });
+        let mut seen = Vec::new();
+        // Odd iterations kill after the child's first acknowledged event (so every machine,
+        // however slow to start a process, exercises kills in the middle of steady writing);
+        // even ones at a random point from the start (so start-up and the first write are hit).
+        if iteration % 2 == 1 {
+            let first = lines
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the crash writer acknowledges its first event");
+            seen.push(first);
+        }
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
@@ -116,7 +148,9 @@ async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_li
         child.kill().expect("SIGKILL");
         let status = child.wait().expect("reaped");
         kills += u32::from(status.code().is_none());
-        for line in reader.join().expect("reader") {
+        reader.join().expect("reader");
+        seen.extend(lines.try_iter());
+        for line in seen {
             if let Some(id) = line.strip_prefix("ack ") {
                 acked.push(id.to_owned());
             }
@@ -169,16 +203,7 @@ async fn sigkill_at_random_points_never_leaves_partial_files_or_loses_journal_li
         journal.len(),
         "no journal line is written twice"
     );
-    let in_database: Vec<String> = store
-        .query_drift(&DriftFilter {
-            limit: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("drift")
-        .into_iter()
-        .map(|e| e.event_id)
-        .collect();
+    let in_database = every_drift_id(&store).await;
     let in_database_set: BTreeSet<&String> = in_database.iter().collect();
     assert_eq!(
         in_database.len(),
