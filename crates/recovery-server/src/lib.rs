@@ -43,7 +43,7 @@ use utoipa::OpenApi;
         routes::leases::acquire, routes::leases::heartbeat, routes::leases::release, routes::leases::holder, routes::leases::takeover,
         routes::audit::audit, routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
     ),
-    components(schemas(error::ApiErrorBody, error::ErrorCode, error::ResumeRefusedDetails, error::KeyView, error::KeyReason, error::LeaseHolder)),
+    components(schemas(error::ApiErrorBody, error::ErrorCode, error::ResumeRefusedDetails, error::KeyView, error::KeyReason, error::LeaseHolder, routes::query::DriftOrder)),
     modifiers(&BearerAuth, &CommonResponses, &Links),
     tags(
         (name = "runs", description = "Create runs and validate resumes"),

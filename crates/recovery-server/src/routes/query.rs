@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use recovery_core::facts::RowFacts;
 use recovery_core::failure::ClassificationPolicy;
 use recovery_core::plan::{Coverage, PlanEntry, PlanState, RowDecision, classify_facts};
-use recovery_store::{Cursor, DriftEvent, DriftFilter};
+use recovery_store::{Cursor, DriftEvent, DriftFilter, DriftFollow};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -38,9 +38,13 @@ pub struct DriftParams {
     /// At most this many (1-1000, default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
-    /// Where the previous page ended (its `next_cursor`).
+    /// Where the previous page ended (its `next_cursor`, or in `recorded` order its
+    /// `follow_cursor`).
     #[param(max_length = 400)]
     pub cursor: Option<String>,
+    /// `time` (default): by `at`, for reading history. `recorded`: in the order the service
+    /// recorded the events, for following the history while it is written (see `follow_cursor`).
+    pub order: Option<DriftOrder>,
 }
 
 /// Which drift events of one run to list (unknown parameters refused, as for [`DriftParams`]).
@@ -60,9 +64,13 @@ pub struct RunDriftParams {
     /// At most this many (1-1000, default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
-    /// Where the previous page ended (its `next_cursor`).
+    /// Where the previous page ended (its `next_cursor`, or in `recorded` order its
+    /// `follow_cursor`).
     #[param(max_length = 400)]
     pub cursor: Option<String>,
+    /// `time` (default): by `at`, for reading history. `recorded`: in the order the service
+    /// recorded the events, for following the history while it is written (see `follow_cursor`).
+    pub order: Option<DriftOrder>,
 }
 
 impl DriftParams {
@@ -75,6 +83,7 @@ impl DriftParams {
             key,
             limit,
             cursor,
+            order,
         } = self;
         let rest = RunDriftParams {
             from,
@@ -82,15 +91,56 @@ impl DriftParams {
             key,
             limit,
             cursor,
+            order,
         };
         (run_id, rest)
     }
 }
 
+/// The order of a drift page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DriftOrder {
+    /// By the events' times, then ids: history as it happened. Events are timed before they
+    /// are written, so an event can commit behind a cursor already handed out; follow with
+    /// `recorded`.
+    #[default]
+    Time,
+    /// In the order the service recorded them: an event recorded later is always after every
+    /// cursor handed out before it.
+    Recorded,
+}
+
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct DriftPage {
     pub events: Vec<DriftEvent>,
+    /// Present when more events match now: pass it as `cursor` for the next page.
     pub next_cursor: Option<String>,
+    /// In `recorded` order, always present: pass it as `cursor` (with `order=recorded`) later
+    /// to receive exactly the matching events recorded after this page. Null in `time` order.
+    pub follow_cursor: Option<String>,
+}
+
+/// The text of a recorded-order cursor: `recorded:<position>`.
+const RECORDED_CURSOR: &str = "recorded:";
+
+fn recorded_cursor(position: i64) -> String {
+    format!("{RECORDED_CURSOR}{position}")
+}
+
+fn not_a_cursor(detail: &str) -> ApiError {
+    ApiError::invalid_field(
+        "cursor",
+        format!("cursor: not a cursor this service issued{detail}"),
+    )
+}
+
+/// A recorded-order cursor's position; a time cursor or any other text is refused.
+fn recorded_position(text: &str) -> ApiResult<i64> {
+    text.strip_prefix(RECORDED_CURSOR)
+        .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|digits| digits.parse::<i64>().ok())
+        .ok_or_else(|| not_a_cursor(" for order=recorded"))
 }
 
 /// Normalises an RFC 3339 bound to the stored fixed-width form.
@@ -109,19 +159,37 @@ async fn drift_page(
     run_id: Option<String>,
 ) -> ApiResult<DriftPage> {
     let limit = crate::error::page_limit(params.limit, 100)?;
+    let from = params
+        .from
+        .as_deref()
+        .map(|t| time_bound("from", t))
+        .transpose()?;
+    let to = params
+        .to
+        .as_deref()
+        .map(|t| time_bound("to", t))
+        .transpose()?;
+    if params.order.unwrap_or_default() == DriftOrder::Recorded {
+        let follow = DriftFollow {
+            run_id,
+            key: params.key,
+            from,
+            to,
+            after: params
+                .cursor
+                .as_deref()
+                .map(recorded_position)
+                .transpose()?
+                .unwrap_or(0),
+            limit: limit + 1,
+        };
+        return followed_page(state, follow, limit).await;
+    }
     let filter = DriftFilter {
         run_id,
         key: params.key,
-        from: params
-            .from
-            .as_deref()
-            .map(|t| time_bound("from", t))
-            .transpose()?,
-        to: params
-            .to
-            .as_deref()
-            .map(|t| time_bound("to", t))
-            .transpose()?,
+        from,
+        to,
         after: match params.cursor.as_deref() {
             // Its time is in the stored form: a cursor whose `+`/`:` a client did not encode
             // is refused, never read as another place (which repeated a page).
@@ -131,10 +199,11 @@ async fn drift_page(
                         recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at)
                     })
                     .ok_or_else(|| {
-                        ApiError::invalid_field(
-                            "cursor",
-                            "cursor: not a cursor this service issued",
-                        )
+                        not_a_cursor(if text.starts_with(RECORDED_CURSOR) {
+                            " for order=time (pass order=recorded with it)"
+                        } else {
+                            ""
+                        })
                     })?,
             ),
             None => None,
@@ -159,6 +228,39 @@ async fn drift_page(
     Ok(DriftPage {
         events,
         next_cursor,
+        follow_cursor: None,
+    })
+}
+
+/// A page in recorded order (`follow.limit` is one more than the page).
+async fn followed_page(state: &AppState, follow: DriftFollow, limit: u32) -> ApiResult<DriftPage> {
+    let after = follow.after;
+    let mut page = state.registry.store().follow_drift(&follow).await?;
+    if after > page.head {
+        // Positions only grow, so no cursor this database issued is past its head: this one
+        // is made up, or from before a restore to an older backup.
+        return Err(ApiError::invalid_field(
+            "cursor",
+            format!(
+                "cursor: position {after} is past the last one recorded ({}); follow again without a cursor",
+                page.head
+            ),
+        ));
+    }
+    let more = page.events.len() > limit as usize;
+    page.events.truncate(limit as usize);
+    let last = page.events.last().map(|(position, _)| *position);
+    // With more to come the page ends at its last event; otherwise every match up to the
+    // snapshot's head is in it, so following resumes from the head (a rare filter does not
+    // rescan what it already passed).
+    let follow_at = match (more, last) {
+        (true, Some(position)) => position,
+        _ => page.head,
+    };
+    Ok(DriftPage {
+        next_cursor: more.then(|| recorded_cursor(follow_at)),
+        follow_cursor: Some(recorded_cursor(follow_at)),
+        events: page.events.into_iter().map(|(_, event)| event).collect(),
     })
 }
 

@@ -431,6 +431,7 @@ async fn drift(
         key: blank(&query.key),
         limit: Some(1000),
         cursor: None,
+        order: None,
     };
     let page = routes::query::drift(
         State(state.clone()),

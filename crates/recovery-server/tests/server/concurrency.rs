@@ -782,6 +782,74 @@ async fn sixty_four_concurrent_drift_validations_leave_one_journal_line_and_one_
     assert_eq!(stored, answered, "and its row");
 }
 
+/// A dashboard following `/drift` in recorded order while 48 resumes across drift are being
+/// recorded sees each of them exactly once. Every event here has the same time (the test clock
+/// stands still) and ids are hashes, so events commit in no time order: a time cursor passes
+/// some of them before they commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_in_recorded_order_sees_every_drift_event_recorded_while_it_follows() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let writing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let follower = {
+        let (state, writing) = (app.state.clone(), writing.clone());
+        tokio::spawn(async move {
+            let mut seen: Vec<String> = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                // A page read after the writers finished sees everything they recorded.
+                let last_round = !writing.load(std::sync::atomic::Ordering::SeqCst);
+                let uri = match &cursor {
+                    Some(c) => format!("/drift?order=recorded&limit=5&cursor={c}"),
+                    None => "/drift?order=recorded&limit=5".to_owned(),
+                };
+                let page = send(state.clone(), Method::GET, &uri, Some(VIEWER), None).await;
+                assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+                for event in page.body["events"].as_array().expect("events") {
+                    seen.push(event["event_id"].as_str().expect("id").to_owned());
+                }
+                cursor = Some(
+                    page.body["follow_cursor"]
+                        .as_str()
+                        .expect("a follow cursor on every recorded-order page")
+                        .to_owned(),
+                );
+                if page.body["next_cursor"].is_null() {
+                    if last_round {
+                        return seen;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        })
+    };
+    let requests = (0..48)
+        .map(|i| {
+            (
+                Method::POST,
+                format!("/runs/{run_id}/validate"),
+                COLLECTOR,
+                app.validate_body(0.3, 9000 + i),
+            )
+        })
+        .collect();
+    let mut answered = BTreeSet::new();
+    for reply in all_at_once(&app, requests).await {
+        assert_eq!(reply.body["outcome"], "resume_with_drift", "{}", reply.body);
+        answered.insert(
+            reply.body["drift_event_id"]
+                .as_str()
+                .expect("id")
+                .to_owned(),
+        );
+    }
+    writing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let seen = follower.await.expect("follower");
+    let unique: BTreeSet<String> = seen.iter().cloned().collect();
+    assert_eq!(unique.len(), seen.len(), "no event is followed twice");
+    assert_eq!(unique, answered, "every recorded event is followed");
+}
+
 #[tokio::test]
 async fn an_expired_lease_frees_the_run_lock_the_moment_it_is_reported() {
     let app = TestApp::new().await;

@@ -258,6 +258,42 @@ async fn an_invalid_field_is_named_in_details() {
         ),
         (
             Method::GET,
+            "/drift?order=sideways".to_owned(),
+            VIEWER,
+            None,
+            "order",
+        ),
+        // A cursor of the other order, a made-up position, one past the last recorded.
+        (
+            Method::GET,
+            "/drift?order=recorded&cursor=2026-11-29T10%3A00%3A00.000000Z%7Cabc".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
+            "/drift?cursor=recorded%3A0".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
+            "/drift?order=recorded&cursor=recorded%3A-1".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
+            format!("/runs/{run_id}/drift?order=recorded&cursor=recorded%3A1000000"),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
             "/drift?from=yesterday".to_owned(),
             VIEWER,
             None,
