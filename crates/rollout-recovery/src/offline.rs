@@ -420,9 +420,28 @@ pub struct DriftArgs {
     to: Option<String>,
     #[arg(long, default_value_t = 100)]
     limit: u32,
-    /// The next page: the `next_cursor` of the page before, as printed.
+    /// The next page: the `next_cursor` of the page before, as printed (with `--follow`: a
+    /// `follow_cursor`, to go on from there).
     #[arg(long)]
     cursor: Option<String>,
+    /// `time` (default) or `recorded` (the order the service recorded the events in).
+    #[arg(long)]
+    order: Option<String>,
+    /// Follow: print each matching event as one JSON line in the order the service records
+    /// them, every one exactly once, and keep asking for new ones until interrupted.
+    #[arg(long, conflicts_with = "order")]
+    follow: bool,
+    /// Seconds between asks when following and nothing new is waiting.
+    #[arg(long, default_value = "2", requires = "follow", value_parser = positive_seconds)]
+    interval: std::time::Duration,
+}
+
+fn positive_seconds(text: &str) -> Result<std::time::Duration, String> {
+    text.parse::<f64>()
+        .ok()
+        .filter(|seconds| *seconds > 0.0)
+        .and_then(|seconds| std::time::Duration::try_from_secs_f64(seconds).ok())
+        .ok_or_else(|| format!("{text:?} is not a positive number of seconds"))
 }
 
 pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
@@ -433,13 +452,19 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
         ("key", &args.key),
         ("from", &args.from),
         ("to", &args.to),
-        ("cursor", &args.cursor),
+        ("order", &args.order),
     ] {
         if let Some(value) = value {
             query.push((name, value.clone()));
         }
     }
     let url = format!("{}/drift", args.client.url.trim_end_matches('/'));
+    if args.follow {
+        return follow_drift(&args, &http, &url, query).await;
+    }
+    if let Some(cursor) = &args.cursor {
+        query.push(("cursor", cursor.clone()));
+    }
     let page = answer(
         args.client
             .request(http.get(url).query(&query))
@@ -449,4 +474,49 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
     .await?;
     println!("{}", serde_json::to_string_pretty(&page)?);
     Ok(())
+}
+
+/// `drift --follow`: pages in recorded order from `--cursor` (or the first event), printing
+/// events as JSON lines; waits `--interval` whenever no more are waiting. A service that cannot
+/// be reached is asked again (it may be restarting); a refusal ends the command.
+async fn follow_drift(
+    args: &DriftArgs,
+    http: &reqwest::Client,
+    url: &str,
+    mut query: Vec<(&str, String)>,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    query.push(("order", "recorded".into()));
+    let mut cursor = args.cursor.clone();
+    loop {
+        let mut ask = query.clone();
+        ask.extend(cursor.iter().map(|c| ("cursor", c.clone())));
+        let sent = args.client.request(http.get(url).query(&ask)).send().await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) => {
+                eprintln!("drift --follow: cannot reach {url} ({e}); asking again");
+                tokio::time::sleep(args.interval).await;
+                continue;
+            }
+        };
+        let page = answer(response).await?;
+        let mut stdout = std::io::stdout().lock();
+        for event in page["events"].as_array().into_iter().flatten() {
+            writeln!(stdout, "{}", serde_json::to_string(event)?)?;
+        }
+        stdout.flush()?;
+        drop(stdout);
+        cursor = Some(
+            page["follow_cursor"]
+                .as_str()
+                .context(
+                    "the service answered no follow_cursor (a release without order=recorded)",
+                )?
+                .to_owned(),
+        );
+        if page["next_cursor"].is_null() {
+            tokio::time::sleep(args.interval).await;
+        }
+    }
 }

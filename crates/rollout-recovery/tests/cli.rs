@@ -337,6 +337,65 @@ async fn a_run_end_to_end_over_a_real_socket() {
         .collect();
     assert_eq!(ids.len(), 2, "{first} {second}");
     assert_ne!(ids[0], ids[1], "two different events");
+    // Following prints what is recorded, then what is recorded while it follows.
+    let mut follower = Command::new(BIN)
+        .args([
+            "drift",
+            "--url",
+            &server.url,
+            "--run",
+            &run_id,
+            "--follow",
+            "--interval",
+            "0.05",
+        ])
+        .env("RR_TOKEN", VIEWER)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("follower");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = follower.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines_tx.send(line);
+        }
+    });
+    let next_id = || {
+        let line = lines
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the follower prints an event");
+        let event: Value = serde_json::from_str(&line).expect("one JSON event per line");
+        event["event_id"].as_str().expect("id").to_owned()
+    };
+    let mut followed = vec![next_id(), next_id()];
+    followed.sort();
+    let mut paged: Vec<String> = ids
+        .iter()
+        .map(|id| id.as_str().expect("id").to_owned())
+        .collect();
+    paged.sort();
+    assert_eq!(followed, paged, "the events already recorded, each once");
+    let (status, third) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &uri,
+        COLLECTOR,
+        Some(validate(0.3, 9002)),
+    )
+    .await;
+    assert_eq!(third["outcome"], "resume_with_drift", "{status} {third}");
+    assert_eq!(
+        next_id(),
+        third["drift_event_id"].as_str().expect("id"),
+        "then the one recorded while following"
+    );
+    follower.kill().expect("stop following");
+    follower.wait().expect("reaped");
 }
 
 const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
