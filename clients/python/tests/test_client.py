@@ -298,6 +298,17 @@ def test_drift_pages_filters_and_iterator(
     journal = spec.companion("_manifest_resume_drift.jsonl").read_text().splitlines()
     assert len(journal) == 3
 
+    # Following in recorded order: what is there, then only what is recorded since.
+    followed, cursor = client.drift_since(run_id=spec.run_id, page_size=2)
+    assert [e.event_id for e in followed] == event_ids
+    assert client.drift_since(cursor, run_id=spec.run_id) == ([], cursor)
+    tree = copy.deepcopy(spec.global_config)
+    tree["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = 8004
+    later = client.validate(spec.run_id, spec.config, tree, spec.source).drift_event_id
+    new, _ = client.drift_since(cursor, run_id=spec.run_id)
+    assert [e.event_id for e in new] == [later]
+    assert next(client.follow_drift(cursor, run_id=spec.run_id)).event_id == later
+
 
 def test_approvals_create_list_revoke(
     client: RecoveryClient, new_run: Callable[..., RunSpec]

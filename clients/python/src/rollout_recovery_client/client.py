@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -683,11 +684,20 @@ class RecoveryClient:
         key: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
+        order: str | None = None,
     ) -> DriftPage:
         """One page of resumes that crossed operational drift (oldest first), across runs or of
         one ``run_id``, filtered by time (RFC 3339, ``from_`` inclusive, ``to`` exclusive) and
-        drifted ``key``."""
-        params = {"from": from_, "to": to, "key": key, "limit": limit, "cursor": cursor}
+        drifted ``key``. ``order="recorded"`` pages in the order the service recorded them and
+        answers a ``follow_cursor`` (see ``drift_since``)."""
+        params = {
+            "from": from_,
+            "to": to,
+            "key": key,
+            "limit": limit,
+            "cursor": cursor,
+            "order": order,
+        }
         if run_id is not None:
             return DriftPage.from_dict(
                 self._object("GET", f"/runs/{_segment(run_id)}/drift", params=params)
@@ -713,6 +723,58 @@ class RecoveryClient:
             if page.next_cursor is None or not page.events:
                 return
             cursor = page.next_cursor
+
+    def drift_since(
+        self,
+        cursor: str | None = None,
+        *,
+        run_id: str | None = None,
+        from_: str | None = None,
+        to: str | None = None,
+        key: str | None = None,
+        page_size: int | None = None,
+    ) -> tuple[list[DriftEvent], str]:
+        """The matching drift events recorded after ``cursor`` (every one when ``None``), in
+        the order the service recorded them, and the cursor to pass next time: called again
+        and again, it answers each event exactly once, whatever other runs write meanwhile."""
+        events: list[DriftEvent] = []
+        while True:
+            page = self.drift(
+                run_id=run_id,
+                from_=from_,
+                to=to,
+                key=key,
+                limit=page_size,
+                cursor=cursor,
+                order="recorded",
+            )
+            events.extend(page.events)
+            if page.follow_cursor is None:
+                raise RecoveryError(
+                    "invalid_response",
+                    "the service answered no follow_cursor (a release without order=recorded)",
+                )
+            cursor = page.follow_cursor
+            if page.next_cursor is None:
+                return events, cursor
+
+    def follow_drift(
+        self,
+        cursor: str | None = None,
+        *,
+        interval: float = 2.0,
+        run_id: str | None = None,
+        from_: str | None = None,
+        to: str | None = None,
+        key: str | None = None,
+    ) -> Iterator[DriftEvent]:
+        """Every matching drift event, then each one recorded later, as it is recorded (asks
+        every ``interval`` seconds while nothing is new; never ends by itself)."""
+        while True:
+            events, cursor = self.drift_since(cursor, run_id=run_id, from_=from_, to=to, key=key)
+            yield from events
+            if not events:
+                time.sleep(interval)
 
     # -- approvals ----------------------------------------------------------------------
 

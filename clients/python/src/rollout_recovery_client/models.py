@@ -690,6 +690,7 @@ class DriftPage:
     events: list[DriftEvent]
     next_cursor: str | None
     raw: Raw = field(repr=False)
+    follow_cursor: str | None = None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> DriftPage:
@@ -697,6 +698,7 @@ class DriftPage:
             events=[DriftEvent.from_dict(e) for e in _dicts(data, "events")],
             next_cursor=_opt_str(data, "next_cursor"),
             raw=_raw(data),
+            follow_cursor=_opt_str(data, "follow_cursor"),
         )
 
 
