@@ -1395,12 +1395,23 @@ fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFact
         text.push(b'\n');
     }
     let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
-        .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
+        .map_err(row_digest_error)?
         .sha256;
     Ok(MaterializedFacts {
         digest,
         references: Arc::new(references),
     })
+}
+
+/// A digest refusal of rows laid out one per line, naming the row (line n is `rows[n - 1]`).
+fn row_digest_error(error: recovery_core::materialized::MaterializedError) -> OpError {
+    use recovery_core::materialized::MaterializedError;
+    match error {
+        MaterializedError::Line { line, source } => {
+            OpError::Invalid(format!("rows[{}]: {source}", line.saturating_sub(1)))
+        }
+        other => OpError::Invalid(format!("rows: {other}")),
+    }
 }
 
 /// The companions a replacement moves aside (never deletes).
@@ -1580,7 +1591,7 @@ fn prepare_rows(
             text.push(b'\n');
         }
         let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
-            .map_err(|e| OpError::Invalid(format!("rows: {e}")))?
+            .map_err(row_digest_error)?
             .sha256;
         return Ok((Some(text), digest, RowReferences::from_rows(rows)));
     }

@@ -550,8 +550,12 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
+        // serde_path_to_error writes `?` for a place it cannot name (a key not yet read).
+        if (inner.is_syntax() || inner.is_eof()) && (path == "." || path.contains('?')) {
             ApiError::invalid(format!("body: malformed JSON: {inner}"))
+        } else if inner.is_syntax() || inner.is_eof() {
+            // Where the text stops being JSON (a lone surrogate in a row, a body cut short).
+            ApiError::invalid_field(&path, format!("{path}: malformed JSON: {inner}"))
         } else if path == "." {
             // A missing or unknown field is named only by serde's message.
             let message = format!("body: {inner}");

@@ -339,6 +339,50 @@ async fn an_invalid_field_is_named_in_details() {
     }
 }
 
+/// A row the digest refuses (a lone surrogate, which CPython cannot encode either) is named by
+/// its index, on validate and on create, and nothing is written.
+#[tokio::test]
+async fn a_row_the_digest_refuses_is_named_by_its_index() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let rows = r#"[{"a": 1}, {"b": 2}, {"c": "\ud800"}]"#;
+    let with_rows = |body: Value| {
+        let text = body.to_string();
+        format!("{},\"rows\":{rows}}}", &text[..text.len() - 1])
+    };
+    let mut create = app.create_body();
+    create["output_path"] = json!(app.root.join("other/out.jsonl"));
+    create.as_object_mut().expect("object").remove("rows");
+    for (uri, body) in [
+        (
+            format!("/runs/{run_id}/validate"),
+            with_rows(app.validate_body(0.3, 9000)),
+        ),
+        ("/runs".to_owned(), with_rows(create)),
+    ] {
+        let files = files_under(&app.root);
+        let reply = send(
+            app.state.clone(),
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(body),
+        )
+        .await;
+        assert_invalid_naming(&reply, "rows[2]", &uri);
+        // Validate digests each row's text (rows[2]); create reads the rows as values and
+        // names where the text stops being JSON (rows[2].c).
+        assert!(
+            reply.body["details"]["field"]
+                .as_str()
+                .is_some_and(|field| field.starts_with("rows[2]")),
+            "{uri}: {}",
+            reply.body
+        );
+        assert_eq!(files_under(&app.root), files, "{uri}: nothing written");
+    }
+}
+
 /// A full page at the largest size still says whether another follows: 1,001 drift events come
 /// back as a page of 1,000 with a cursor and a page of one, on the run's list and the global one.
 #[tokio::test]
