@@ -1486,7 +1486,8 @@ impl Store {
         .await
     }
 
-    /// Audit entries, newest first, filtered by run, actor and action (each exact when given).
+    /// Audit entries, newest first, filtered by run, actor and action (each exact when given),
+    /// from before a cursor.
     pub async fn query_audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEntry>, StoreError> {
         let mut sql =
             String::from("SELECT audit_id, at, actor, action, run_id, details FROM audit_log");
@@ -1501,6 +1502,15 @@ impl Store {
                 binds.push(value.clone());
                 conditions.push(format!("{column} = ${}", binds.len()));
             }
+        }
+        if let Some(cursor) = &filter.before {
+            binds.push(cursor.at.clone());
+            binds.push(cursor.id.clone());
+            conditions.push(format!(
+                "(at, audit_id) < (${}, ${})",
+                binds.len() - 1,
+                binds.len()
+            ));
         }
         if !conditions.is_empty() {
             sql.push_str(" WHERE ");

@@ -187,6 +187,8 @@ pub struct AuditFilter {
     pub run_id: Option<String>,
     pub actor: Option<String>,
     pub action: Option<String>,
+    /// Only entries older than this one (the last of the page before: newest first).
+    pub before: Option<Cursor>,
     pub limit: u32,
 }
 

@@ -6,7 +6,7 @@ use crate::error::{ApiErrorBody, ApiQuery, ApiResult};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::State;
-use recovery_store::{AuditEntry, AuditFilter};
+use recovery_store::{AuditEntry, AuditFilter, Cursor};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
@@ -28,11 +28,16 @@ pub struct AuditParams {
     /// At most this many (1-1000, default 100).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`): older entries follow.
+    #[param(max_length = 400)]
+    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AuditPage {
     pub entries: Vec<AuditEntry>,
+    /// Present when older entries match: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
 }
 
 impl AuditParams {
@@ -42,6 +47,11 @@ impl AuditParams {
             run_id: blank(&self.run_id),
             actor: blank(&self.actor),
             action: blank(&self.action),
+            before: self
+                .cursor
+                .as_deref()
+                .map(crate::routes::query::time_cursor)
+                .transpose()?,
             limit: crate::error::page_limit(self.limit, 100)?,
         })
     }
@@ -56,10 +66,22 @@ pub async fn audit(
     ApiQuery(params): ApiQuery<AuditParams>,
 ) -> ApiResult<Json<AuditPage>> {
     caller.require(Role::Viewer)?;
-    let entries = state
-        .registry
-        .store()
-        .query_audit(&params.filter()?)
-        .await?;
-    Ok(Json(AuditPage { entries }))
+    let mut filter = params.filter()?;
+    let limit = filter.limit as usize;
+    // One more than the page: a cursor is given only when another entry follows.
+    filter.limit += 1;
+    let mut entries = state.registry.store().query_audit(&filter).await?;
+    let more = entries.len() > limit;
+    entries.truncate(limit);
+    let next_cursor = more.then(|| entries.last()).flatten().map(|last| {
+        Cursor {
+            at: last.at.clone(),
+            id: last.audit_id.clone(),
+        }
+        .encode()
+    });
+    Ok(Json(AuditPage {
+        entries,
+        next_cursor,
+    }))
 }

@@ -135,6 +135,21 @@ fn not_a_cursor(detail: &str) -> ApiError {
     )
 }
 
+/// A `(time, id)` cursor as this service writes them. Its time is in the stored form: a
+/// cursor whose `+`/`:` a client did not encode is refused, never read as another place (which
+/// repeated a page).
+pub fn time_cursor(text: &str) -> ApiResult<Cursor> {
+    Cursor::decode(text)
+        .filter(|c| recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at))
+        .ok_or_else(|| {
+            not_a_cursor(if text.starts_with(RECORDED_CURSOR) {
+                " for order=time (pass order=recorded with it)"
+            } else {
+                ""
+            })
+        })
+}
+
 /// A recorded-order cursor's position; a time cursor or any other text is refused.
 fn recorded_position(text: &str) -> ApiResult<i64> {
     text.strip_prefix(RECORDED_CURSOR)
@@ -190,24 +205,7 @@ async fn drift_page(
         key: params.key,
         from,
         to,
-        after: match params.cursor.as_deref() {
-            // Its time is in the stored form: a cursor whose `+`/`:` a client did not encode
-            // is refused, never read as another place (which repeated a page).
-            Some(text) => Some(
-                Cursor::decode(text)
-                    .filter(|c| {
-                        recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at)
-                    })
-                    .ok_or_else(|| {
-                        not_a_cursor(if text.starts_with(RECORDED_CURSOR) {
-                            " for order=time (pass order=recorded with it)"
-                        } else {
-                            ""
-                        })
-                    })?,
-            ),
-            None => None,
-        },
+        after: params.cursor.as_deref().map(time_cursor).transpose()?,
         // One more than the page: a cursor is given only when another event follows.
         limit: limit + 1,
     };
