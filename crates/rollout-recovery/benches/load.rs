@@ -1558,6 +1558,26 @@ async fn drift_query(settings: &Settings, dir: &Path, report: &mut Report) -> Be
                 encode(&at_text((total / 2 + 500) as u64))
             ),
         ),
+        // Following: reindex recorded the lines in order, so position n is the n-th event.
+        (
+            "recorded order, deep page",
+            format!(
+                "/drift?order=recorded&limit=100&cursor=recorded%3A{}",
+                total / 2
+            ),
+        ),
+        (
+            "recorded order, follower at the head",
+            format!("/drift?order=recorded&limit=100&cursor=recorded%3A{total}"),
+        ),
+        (
+            "recorded order, run, last 10,000",
+            format!(
+                "/drift?order=recorded&run_id={}&limit=100&cursor=recorded%3A{}",
+                runs[0].0,
+                total.saturating_sub(10_000)
+            ),
+        ),
     ];
     let one = client();
     for (label, path) in sequential {
@@ -1595,6 +1615,10 @@ async fn drift_query(settings: &Settings, dir: &Path, report: &mut Report) -> Be
             format!("/drift?run_id={}&limit=1000", runs[0].0),
         ),
         ("drift-query deep cursor", deep),
+        (
+            "drift-query follower at the head",
+            format!("/drift?order=recorded&cursor=recorded%3A{total}"),
+        ),
     ];
     for (label, path) in queries {
         let (page, took) = call_json(
