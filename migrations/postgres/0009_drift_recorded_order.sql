@@ -11,6 +11,10 @@ CREATE TABLE drift_recorded (
     event_id TEXT NOT NULL
 );
 INSERT INTO drift_recorded (at, event_id) SELECT at, event_id FROM drift_events ORDER BY at, event_id;
+-- Which numbering this is: a database made again (dropped, then rebuilt from the journals by
+-- reindex) numbers the same events differently, and a follower's cursor must not be read in it.
+CREATE TABLE drift_recorded_epoch (epoch TEXT NOT NULL);
+INSERT INTO drift_recorded_epoch (epoch) VALUES (substr(md5(random()::text || clock_timestamp()::text), 1, 16));
 CREATE FUNCTION drift_events_recorded() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO drift_recorded (at, event_id) VALUES (NEW.at, NEW.event_id);

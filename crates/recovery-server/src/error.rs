@@ -17,6 +17,9 @@ use utoipa::ToSchema;
 pub enum ErrorCode {
     /// The request body or a parameter is malformed or missing a field.
     InvalidRequest,
+    /// A cursor into a history that is no longer the one it was issued for (the database was
+    /// made again, or restored from an older backup): start again without a cursor.
+    CursorExpired,
     /// The bearer token is missing or unknown.
     Unauthenticated,
     /// The caller's role may not do this.
@@ -75,6 +78,7 @@ impl ErrorCode {
             | Self::RowsInvalid
             | Self::PathRefused
             | Self::ManifestUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::CursorExpired => StatusCode::GONE,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,

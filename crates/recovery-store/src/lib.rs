@@ -982,7 +982,8 @@ impl Store {
             filter.limit.clamp(1, MAX_ROWS)
         );
         // One statement, so one snapshot: the head is the last position this page could see.
-        let head = "(SELECT COALESCE(MAX(seq), 0) FROM drift_recorded)";
+        let head = "(SELECT COALESCE(MAX(seq), 0) FROM drift_recorded), \
+                    (SELECT epoch FROM drift_recorded_epoch)";
         let sql = match self.backend {
             Backend::Sqlite => format!(
                 "SELECT json_group_array(json_array(event_id, run_id, at, saved_config_digest, \
@@ -993,11 +994,11 @@ impl Store {
                  current_config_digest, operational_keys::json, seq))::text, '[]'), {head} FROM ({inner}) AS page"
             ),
         };
-        let mut query = sqlx::query_as::<_, (String, i64)>(&sql);
+        let mut query = sqlx::query_as::<_, (String, i64, String)>(&sql);
         for value in &binds {
             query = query.bind(value.as_str());
         }
-        let (page, head) = query.fetch_one(&self.pool).await?;
+        let (page, head, epoch) = query.fetch_one(&self.pool).await?;
         let mut rows: Vec<FollowedRow> = serde_json::from_str(&page)?;
         rows.sort_unstable_by_key(|row| row.6);
         let events = rows
@@ -1009,7 +1010,11 @@ impl Store {
                 },
             )
             .collect();
-        Ok(FollowedDrift { events, head })
+        Ok(FollowedDrift {
+            events,
+            head,
+            epoch,
+        })
     }
 
     // --- approvals, attempts, re-judgments -------------------------------------------------

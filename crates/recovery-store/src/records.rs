@@ -111,6 +111,9 @@ pub struct FollowedDrift {
     /// The last position recorded when the page was read, in the same snapshot: when the page
     /// holds fewer than its limit, no event at or before `head` is left to find.
     pub head: i64,
+    /// Which numbering the positions are of: a database made again numbers anew, under
+    /// another epoch, so a position is only meaningful with its epoch.
+    pub epoch: String,
 }
 
 /// An operator's approval to rerun exactly one masked attempt.

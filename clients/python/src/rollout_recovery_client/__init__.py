@@ -19,6 +19,7 @@ from .completion import (
 from .errors import (
     ERROR_CLASSES,
     ConflictError,
+    CursorExpiredError,
     ForbiddenError,
     HeadersTooLargeError,
     IdentityError,
@@ -90,6 +91,7 @@ __all__ = [
     "ClassifyDecision",
     "ConflictError",
     "Coverage",
+    "CursorExpiredError",
     "DriftEvent",
     "DriftPage",
     "ForbiddenError",

@@ -262,6 +262,12 @@ class RequestTimeoutError(RecoveryError):
     """408 ``request_timeout``: the request took longer than the service allows."""
 
 
+class CursorExpiredError(RecoveryError):
+    """410 ``cursor_expired``: a drift follow cursor from another numbering of the history (the
+    database was made again or restored from an older backup): follow again without a cursor
+    and drop the event ids already seen."""
+
+
 class OverloadedError(RecoveryError):
     """503 ``overloaded``: heavy work is saturated; ``retry_after`` is the service's advice."""
 
@@ -343,6 +349,7 @@ class IncompleteEvaluationError(RuntimeError):
 #: Every code the service documents (plus the limit codes newer builds answer), to its class.
 ERROR_CLASSES: dict[str, type[RecoveryError]] = {
     "invalid_request": InvalidRequestError,
+    "cursor_expired": CursorExpiredError,
     "unauthenticated": UnauthenticatedError,
     "forbidden": ForbiddenError,
     "not_found": NotFoundError,

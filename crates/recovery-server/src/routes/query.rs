@@ -121,11 +121,46 @@ pub struct DriftPage {
     pub follow_cursor: Option<String>,
 }
 
-/// The text of a recorded-order cursor: `recorded:<position>`.
+/// The text of a recorded-order cursor: `recorded:<epoch>:<position>`.
 const RECORDED_CURSOR: &str = "recorded:";
 
-fn recorded_cursor(position: i64) -> String {
-    format!("{RECORDED_CURSOR}{position}")
+/// A place in the recorded order: a position of one numbering (the database's epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RecordedCursor {
+    epoch: String,
+    position: i64,
+}
+
+impl RecordedCursor {
+    fn encode(&self) -> String {
+        format!("{RECORDED_CURSOR}{}:{}", self.epoch, self.position)
+    }
+
+    /// A cursor as [`Self::encode`] writes it; a time cursor or any other text is refused.
+    fn decode(text: &str) -> ApiResult<Self> {
+        let digits = |s: &str, hex: bool| {
+            !s.is_empty()
+                && s.len() <= 32
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (hex && matches!(b, b'a'..=b'f')))
+        };
+        text.strip_prefix(RECORDED_CURSOR)
+            .and_then(|rest| rest.split_once(':'))
+            .filter(|(epoch, position)| digits(epoch, true) && digits(position, false))
+            .and_then(|(epoch, position)| {
+                Some(Self {
+                    epoch: epoch.to_owned(),
+                    position: position.parse().ok()?,
+                })
+            })
+            .ok_or_else(|| not_a_cursor(" for order=recorded"))
+    }
+}
+
+/// Why a recorded-order cursor cannot be followed in this database.
+fn cursor_expired(message: String) -> ApiError {
+    ApiError::new(ErrorCode::CursorExpired, message)
+        .with_details(serde_json::json!({ "field": "cursor" }))
 }
 
 fn not_a_cursor(detail: &str) -> ApiError {
@@ -148,14 +183,6 @@ pub fn time_cursor(text: &str) -> ApiResult<Cursor> {
                 ""
             })
         })
-}
-
-/// A recorded-order cursor's position; a time cursor or any other text is refused.
-fn recorded_position(text: &str) -> ApiResult<i64> {
-    text.strip_prefix(RECORDED_CURSOR)
-        .filter(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .and_then(|digits| digits.parse::<i64>().ok())
-        .ok_or_else(|| not_a_cursor(" for order=recorded"))
 }
 
 /// Normalises an RFC 3339 bound to the stored fixed-width form.
@@ -185,20 +212,20 @@ async fn drift_page(
         .map(|t| time_bound("to", t))
         .transpose()?;
     if params.order.unwrap_or_default() == DriftOrder::Recorded {
+        let cursor = params
+            .cursor
+            .as_deref()
+            .map(RecordedCursor::decode)
+            .transpose()?;
         let follow = DriftFollow {
             run_id,
             key: params.key,
             from,
             to,
-            after: params
-                .cursor
-                .as_deref()
-                .map(recorded_position)
-                .transpose()?
-                .unwrap_or(0),
+            after: cursor.as_ref().map_or(0, |c| c.position),
             limit: limit + 1,
         };
-        return followed_page(state, follow, limit).await;
+        return followed_page(state, follow, cursor, limit).await;
     }
     let filter = DriftFilter {
         run_id,
@@ -231,19 +258,32 @@ async fn drift_page(
 }
 
 /// A page in recorded order (`follow.limit` is one more than the page).
-async fn followed_page(state: &AppState, follow: DriftFollow, limit: u32) -> ApiResult<DriftPage> {
-    let after = follow.after;
+async fn followed_page(
+    state: &AppState,
+    follow: DriftFollow,
+    cursor: Option<RecordedCursor>,
+    limit: u32,
+) -> ApiResult<DriftPage> {
     let mut page = state.registry.store().follow_drift(&follow).await?;
-    if after > page.head {
-        // Positions only grow, so no cursor this database issued is past its head: this one
-        // is made up, or from before a restore to an older backup.
-        return Err(ApiError::invalid_field(
-            "cursor",
-            format!(
-                "cursor: position {after} is past the last one recorded ({}); follow again without a cursor",
-                page.head
-            ),
-        ));
+    if let Some(cursor) = &cursor {
+        if cursor.epoch != page.epoch {
+            return Err(cursor_expired(
+                "cursor: the drift history was numbered anew since this cursor was issued (the \
+                 database was made again); follow again without a cursor and drop the event ids \
+                 you already have"
+                    .into(),
+            ));
+        }
+        if cursor.position > page.head {
+            // Positions only grow, so no cursor of this numbering is past its head unless the
+            // database went back to an older backup.
+            return Err(cursor_expired(format!(
+                "cursor: position {} is past the last one recorded ({}): the database was \
+                 restored from an older backup; follow again without a cursor and drop the \
+                 event ids you already have",
+                cursor.position, page.head
+            )));
+        }
     }
     let more = page.events.len() > limit as usize;
     page.events.truncate(limit as usize);
@@ -251,20 +291,24 @@ async fn followed_page(state: &AppState, follow: DriftFollow, limit: u32) -> Api
     // With more to come the page ends at its last event; otherwise every match up to the
     // snapshot's head is in it, so following resumes from the head (a rare filter does not
     // rescan what it already passed).
-    let follow_at = match (more, last) {
-        (true, Some(position)) => position,
-        _ => page.head,
-    };
+    let follow_at = RecordedCursor {
+        epoch: page.epoch,
+        position: match (more, last) {
+            (true, Some(position)) => position,
+            _ => page.head,
+        },
+    }
+    .encode();
     Ok(DriftPage {
-        next_cursor: more.then(|| recorded_cursor(follow_at)),
-        follow_cursor: Some(recorded_cursor(follow_at)),
+        next_cursor: more.then(|| follow_at.clone()),
+        follow_cursor: Some(follow_at),
         events: page.events.into_iter().map(|(_, event)| event).collect(),
     })
 }
 
 /// Every resume that crossed operational drift, across runs (oldest first).
 #[utoipa::path(get, path = "/drift", tag = "drift", params(DriftParams),
-    responses((status = 200, body = DriftPage), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 200, body = DriftPage), (status = 422, body = ApiErrorBody), (status = 410, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn drift(
     State(state): State<AppState>,
     caller: Caller,
@@ -277,7 +321,7 @@ pub async fn drift(
 
 /// Every resume of one run that crossed operational drift.
 #[utoipa::path(get, path = "/runs/{run_id}/drift", tag = "drift", params(("run_id" = String, Path, description = "Run id"), RunDriftParams),
-    responses((status = 200, body = DriftPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 200, body = DriftPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 410, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn run_drift(
     State(state): State<AppState>,
     Path(run_id): Path<String>,

@@ -450,6 +450,84 @@ async fn a_full_page_of_a_thousand_continues_to_the_next() {
     }
 }
 
+/// A recorded-order cursor is read only in the numbering it came from: in a database made
+/// again (another service's here) or past the last position (a restore to an older backup) it
+/// answers 410 `cursor_expired` naming `cursor`, never a page of other events.
+#[tokio::test]
+async fn a_follow_cursor_from_another_numbering_has_expired() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let drift = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 9000)),
+        )
+        .await;
+    assert_eq!(drift.body["outcome"], "resume_with_drift", "{}", drift.body);
+    let page = app
+        .call(Method::GET, "/drift?order=recorded", Some(VIEWER), None)
+        .await;
+    let cursor = page.body["follow_cursor"]
+        .as_str()
+        .expect("cursor")
+        .to_owned();
+    let (prefix, position) = cursor
+        .rsplit_once(':')
+        .expect("recorded:<epoch>:<position>");
+    assert_eq!(position, "1", "{cursor}");
+    let encode = |c: &str| c.replace(':', "%3A");
+    let current = app
+        .call(
+            Method::GET,
+            &format!("/drift?order=recorded&cursor={}", encode(&cursor)),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(current.status, StatusCode::OK, "{}", current.body);
+    assert_eq!(current.body["events"], json!([]));
+    let other = TestApp::new().await;
+    let other_run = other.create().await;
+    for port in [9000, 9001] {
+        other
+            .call(
+                Method::POST,
+                &format!("/runs/{other_run}/validate"),
+                Some(COLLECTOR),
+                Some(other.validate_body(0.3, port)),
+            )
+            .await;
+    }
+    for (case, target, uri) in [
+        (
+            "another database",
+            &other,
+            format!("/drift?order=recorded&cursor={}", encode(&cursor)),
+        ),
+        (
+            "past the head",
+            &app,
+            format!(
+                "/drift?order=recorded&cursor={}",
+                encode(&format!("{prefix}:2"))
+            ),
+        ),
+    ] {
+        let reply = target.call(Method::GET, &uri, Some(VIEWER), None).await;
+        assert_code(&reply, StatusCode::GONE, "cursor_expired");
+        assert_eq!(reply.body["details"]["field"], "cursor", "{case}");
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("cursor: ") && m.contains("without a cursor")),
+            "{case}: {}",
+            reply.body
+        );
+    }
+}
+
 /// The audit log pages newest first: following `next_cursor` two at a time walks every entry
 /// once (ties in time broken by id), with a filter too, and ends without a cursor.
 #[tokio::test]
