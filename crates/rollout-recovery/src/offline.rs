@@ -434,6 +434,12 @@ pub struct DriftArgs {
     /// Seconds between asks when following and nothing new is waiting.
     #[arg(long, default_value = "2", requires = "follow", value_parser = positive_seconds)]
     interval: std::time::Duration,
+    /// When following, where to keep the follow cursor: read at start (unless `--cursor` is
+    /// given) and replaced atomically after each page is printed, so a follower started again
+    /// goes on where it stopped (at least once: a page printed just before a crash is printed
+    /// again; drop repeated `event_id`s).
+    #[arg(long, requires = "follow")]
+    state: Option<std::path::PathBuf>,
 }
 
 fn positive_seconds(text: &str) -> Result<std::time::Duration, String> {
@@ -448,7 +454,6 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
     let mut query: Vec<(&str, String)> = vec![("limit", args.limit.to_string())];
     for (name, value) in [
-        ("run_id", &args.run),
         ("key", &args.key),
         ("from", &args.from),
         ("to", &args.to),
@@ -458,7 +463,19 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
             query.push((name, value.clone()));
         }
     }
-    let url = format!("{}/drift", args.client.url.trim_end_matches('/'));
+    // A run's own list, so that a run id that is no run answers 404 instead of nothing.
+    let mut url = reqwest::Url::parse(args.client.url.trim_end_matches('/'))
+        .with_context(|| format!("--url {:?}", args.client.url))?;
+    {
+        let mut path = url
+            .path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("--url {:?} cannot hold a path", args.client.url))?;
+        match &args.run {
+            Some(run) => path.extend(["runs", run, "drift"]),
+            None => path.push("drift"),
+        };
+    }
+    let url = url.to_string();
     if args.follow {
         return follow_drift(&args, &http, &url, query).await;
     }
@@ -487,7 +504,15 @@ async fn follow_drift(
 ) -> anyhow::Result<()> {
     use std::io::Write as _;
     query.push(("order", "recorded".into()));
-    let mut cursor = args.cursor.clone();
+    let mut cursor = match (&args.cursor, &args.state) {
+        (Some(cursor), _) => Some(cursor.clone()),
+        (None, Some(state)) => match std::fs::read_to_string(state) {
+            Ok(text) => Some(text.trim().to_owned()).filter(|c| !c.is_empty()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => bail!("--state {}: {e}", state.display()),
+        },
+        (None, None) => None,
+    };
     loop {
         let mut ask = query.clone();
         ask.extend(cursor.iter().map(|c| ("cursor", c.clone())));
@@ -507,14 +532,17 @@ async fn follow_drift(
         }
         stdout.flush()?;
         drop(stdout);
-        cursor = Some(
-            page["follow_cursor"]
-                .as_str()
-                .context(
-                    "the service answered no follow_cursor (a release without order=recorded)",
-                )?
-                .to_owned(),
-        );
+        let next = page["follow_cursor"]
+            .as_str()
+            .context("the service answered no follow_cursor (a release without order=recorded)")?
+            .to_owned();
+        if let Some(state) = &args.state {
+            if cursor.as_deref() != Some(next.as_str()) {
+                recovery_sidecar::atomic_write(state, format!("{next}\n").as_bytes(), None)
+                    .with_context(|| format!("--state {}", state.display()))?;
+            }
+        }
+        cursor = Some(next);
         if page["next_cursor"].is_null() {
             tokio::time::sleep(args.interval).await;
         }

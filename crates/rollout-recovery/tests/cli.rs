@@ -337,18 +337,100 @@ async fn a_run_end_to_end_over_a_real_socket() {
         .collect();
     assert_eq!(ids.len(), 2, "{first} {second}");
     assert_ne!(ids[0], ids[1], "two different events");
-    // Following prints what is recorded, then what is recorded while it follows.
-    let mut follower = Command::new(BIN)
+    // A run id that is no run is refused, not answered with an empty history.
+    let typo = Command::new(BIN)
         .args([
             "drift",
             "--url",
             &server.url,
             "--run",
-            &run_id,
+            "no-such-run",
+            "--follow",
+        ])
+        .env("RR_TOKEN", VIEWER)
+        .output()
+        .expect("cli");
+    assert!(
+        !typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("not_found"),
+        "{}",
+        String::from_utf8_lossy(&typo.stderr)
+    );
+    // Following prints what is recorded, then what is recorded while it follows.
+    let state = dir.path().join("follow.cursor");
+    let (follower, next_id) = follow_drift(&server.url, &run_id, &state);
+    let mut followed = vec![next_id(), next_id()];
+    followed.sort();
+    let mut paged: Vec<String> = ids
+        .iter()
+        .map(|id| id.as_str().expect("id").to_owned())
+        .collect();
+    paged.sort();
+    assert_eq!(followed, paged, "the events already recorded, each once");
+    let recorded = |port: i64| {
+        let (client, server, uri, body) = (&client, &server, &uri, validate(0.3, port));
+        async move {
+            let (status, event) = call(
+                client,
+                server,
+                reqwest::Method::POST,
+                uri,
+                COLLECTOR,
+                Some(body),
+            )
+            .await;
+            assert_eq!(event["outcome"], "resume_with_drift", "{status} {event}");
+            event["drift_event_id"].as_str().expect("id").to_owned()
+        }
+    };
+    let third = recorded(9002).await;
+    assert_eq!(next_id(), third, "then the one recorded while following");
+    // Stopped once its cursor is saved past the third event, a follower started again on the
+    // same state file goes on with what was recorded meanwhile, nothing before.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_to_string(&state).is_ok_and(|c| c.trim_end().ends_with(":3")) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the state file keeps the cursor"
+        );
+        std::thread::yield_now();
+    }
+    drop(follower);
+    let fourth = recorded(9003).await;
+    let (_again, next_id) = follow_drift(&server.url, &run_id, &state);
+    assert_eq!(
+        next_id(),
+        fourth,
+        "a restarted follower goes on where it stopped"
+    );
+}
+
+/// A child process killed and reaped when dropped (also when a test fails: a child left running
+/// would hold the test's output open).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `drift --follow` of one run keeping its cursor in `state`, and a reader of the event id of
+/// each line it prints (failing after a minute without one).
+fn follow_drift(url: &str, run_id: &str, state: &Path) -> (Killed, impl Fn() -> String) {
+    let mut follower = Command::new(BIN)
+        .args([
+            "drift",
+            "--url",
+            url,
+            "--run",
+            run_id,
             "--follow",
             "--interval",
             "0.05",
         ])
+        .arg("--state")
+        .arg(state)
         .env("RR_TOKEN", VIEWER)
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -364,38 +446,14 @@ async fn a_run_end_to_end_over_a_real_socket() {
             let _ = lines_tx.send(line);
         }
     });
-    let next_id = || {
+    let next_id = move || {
         let line = lines
             .recv_timeout(std::time::Duration::from_secs(60))
             .expect("the follower prints an event");
         let event: Value = serde_json::from_str(&line).expect("one JSON event per line");
         event["event_id"].as_str().expect("id").to_owned()
     };
-    let mut followed = vec![next_id(), next_id()];
-    followed.sort();
-    let mut paged: Vec<String> = ids
-        .iter()
-        .map(|id| id.as_str().expect("id").to_owned())
-        .collect();
-    paged.sort();
-    assert_eq!(followed, paged, "the events already recorded, each once");
-    let (status, third) = call(
-        &client,
-        &server,
-        reqwest::Method::POST,
-        &uri,
-        COLLECTOR,
-        Some(validate(0.3, 9002)),
-    )
-    .await;
-    assert_eq!(third["outcome"], "resume_with_drift", "{status} {third}");
-    assert_eq!(
-        next_id(),
-        third["drift_event_id"].as_str().expect("id"),
-        "then the one recorded while following"
-    );
-    follower.kill().expect("stop following");
-    follower.wait().expect("reaped");
+    (Killed(follower), next_id)
 }
 
 const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
