@@ -90,15 +90,19 @@ class Service:
                 self.process.wait(timeout=15)
 
 
-def start_service(data_dir: Path, *extra: str, tokens: Sequence[str] = ()) -> Service:
-    """Start the binary on a free loopback port and wait for ``GET /healthz``."""
+def start_service(
+    data_dir: Path, *extra: str, tokens: Sequence[str] = (), port: int | None = None
+) -> Service:
+    """Start the binary on a free loopback port (or ``port``, to start a stopped service again
+    where its clients look for it) and wait for ``GET /healthz``."""
     exe = binary()
     if not exe.exists():
         raise RuntimeError(f"the service binary {exe} does not exist (set RR_BIN)")
     data_dir.mkdir(parents=True, exist_ok=True)
     last = ""
+    given = port
     for _ in range(3):
-        port = free_port()
+        port = given or free_port()
         log = data_dir / f"service-{port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(

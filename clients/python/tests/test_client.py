@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import queue
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,9 +22,11 @@ from support import (
     append_jsonl,
     bundle,
     failure_row,
+    make_run,
     masked_row,
     new_output,
     result_row,
+    start_service,
 )
 
 
@@ -308,6 +312,45 @@ def test_drift_pages_filters_and_iterator(
     new, _ = client.drift_since(cursor, run_id=spec.run_id)
     assert [e.event_id for e in new] == [later]
     assert next(client.follow_drift(cursor, run_id=spec.run_id)).event_id == later
+    bounded, partway = client.drift_since(run_id=spec.run_id, page_size=1, max_events=2)
+    assert [e.event_id for e in bounded] == event_ids[:2]
+    rest, _ = client.drift_since(partway, run_id=spec.run_id)
+    assert [e.event_id for e in rest] == [*event_ids[2:], later]
+
+
+def test_a_drift_follower_outlives_a_restart_and_resumes_from_its_cursor(tmp_path: Path) -> None:
+    service = start_service(tmp_path / "svc")
+    port = int(service.url.rsplit(":", 1)[1])
+    try:
+        client = service.client()
+        spec = make_run(client, service.root, name="follow")
+        tree = copy.deepcopy(spec.global_config)
+
+        def record(port_value: int) -> str:
+            tree["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = port_value
+            verdict = client.validate(spec.run_id, spec.config, tree, spec.source)
+            assert verdict.drift_event_id is not None
+            return verdict.drift_event_id
+
+        first = record(8101)
+        follower = client.follow_drift(interval=0.05, run_id=spec.run_id)
+        assert next(follower).event_id == first
+        # The service goes away (kill -9) while the follower waits for the next event; it
+        # keeps asking, and takes the event recorded once the service is back.
+        service.stop(graceful=False)
+        taken: queue.Queue[str] = queue.Queue()
+        waiting = threading.Thread(target=lambda: taken.put(next(follower).event_id), daemon=True)
+        waiting.start()
+        service = start_service(tmp_path / "svc", port=port)
+        second = record(8102)
+        assert taken.get(timeout=60) == second
+        # Its cursor is where to start again: the page it had not finished with (the second
+        # event: at least once), then what was recorded after, never the first event.
+        third = record(8103)
+        again = client.follow_drift(follower.cursor, interval=0.05, run_id=spec.run_id)
+        assert [next(again).event_id, next(again).event_id] == [second, third]
+    finally:
+        service.stop()
 
 
 def test_approvals_create_list_revoke(

@@ -6,7 +6,7 @@
 ...         ...  # collect under run.lease; run.verdict.outcome is reuse / resume_with_drift
 """
 
-from .client import DEFAULT_TIMEOUT, RecoveryClient
+from .client import DEFAULT_TIMEOUT, DriftFollower, RecoveryClient
 from .completion import (
     COMPLETED_STATES,
     PLAN_STATES,
@@ -93,6 +93,7 @@ __all__ = [
     "Coverage",
     "CursorExpiredError",
     "DriftEvent",
+    "DriftFollower",
     "DriftPage",
     "ForbiddenError",
     "HeadersTooLargeError",

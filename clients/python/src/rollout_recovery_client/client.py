@@ -14,6 +14,7 @@ import httpx
 
 from .errors import (
     LeaseLostError,
+    OverloadedError,
     RecoveryConnectionError,
     RecoveryError,
     error_from_response,
@@ -733,10 +734,13 @@ class RecoveryClient:
         to: str | None = None,
         key: str | None = None,
         page_size: int | None = None,
+        max_events: int | None = None,
     ) -> tuple[list[DriftEvent], str]:
         """The matching drift events recorded after ``cursor`` (every one when ``None``), in
         the order the service recorded them, and the cursor to pass next time: called again
-        and again, it answers each event exactly once, whatever other runs write meanwhile."""
+        and again, it answers each event exactly once, whatever other runs write meanwhile.
+        ``max_events`` stops after the page that reaches it (the cursor then points after that
+        page, so nothing is skipped): a bound on memory for a first call over a long history."""
         events: list[DriftEvent] = []
         while True:
             page = self.drift(
@@ -755,7 +759,7 @@ class RecoveryClient:
                     "the service answered no follow_cursor (a release without order=recorded)",
                 )
             cursor = page.follow_cursor
-            if page.next_cursor is None:
+            if page.next_cursor is None or (max_events is not None and len(events) >= max_events):
                 return events, cursor
 
     def follow_drift(
@@ -767,14 +771,18 @@ class RecoveryClient:
         from_: str | None = None,
         to: str | None = None,
         key: str | None = None,
-    ) -> Iterator[DriftEvent]:
-        """Every matching drift event, then each one recorded later, as it is recorded (asks
-        every ``interval`` seconds while nothing is new; never ends by itself)."""
-        while True:
-            events, cursor = self.drift_since(cursor, run_id=run_id, from_=from_, to=to, key=key)
-            yield from events
-            if not events:
-                time.sleep(interval)
+    ) -> DriftFollower:
+        """Every matching drift event, then each one recorded later, as it is recorded: an
+        iterator without end that asks every ``interval`` seconds while nothing is new and
+        while the service cannot be reached (a restart). Its ``cursor`` is where to start
+        again (``follow_drift(follower.cursor)``): at least once, so drop a repeated
+        ``event_id``."""
+        return DriftFollower(
+            self,
+            cursor,
+            interval=interval,
+            filters={"run_id": run_id, "from_": from_, "to": to, "key": key},
+        )
 
     # -- approvals ----------------------------------------------------------------------
 
@@ -812,3 +820,53 @@ class RecoveryClient:
         """Revoke an approval before an attempt uses it (operator; ``ConflictError`` when it
         was used or revoked already)."""
         self._send("DELETE", f"/runs/{_segment(run_id)}/approvals/{_segment(approval_id)}")
+
+
+class DriftFollower(Iterator[DriftEvent]):
+    """The iterator ``RecoveryClient.follow_drift`` answers.
+
+    ``cursor`` moves past a page only once every event of it was taken and the next one is
+    asked for, so a consumer that saves ``cursor`` after handling each event and starts again
+    from it after a crash sees every event at least once (a page handled in part comes again).
+    """
+
+    def __init__(
+        self,
+        client: RecoveryClient,
+        cursor: str | None,
+        *,
+        interval: float,
+        filters: Mapping[str, str | None],
+    ) -> None:
+        self.cursor = cursor
+        self._client = client
+        self._interval = interval
+        self._filters = dict(filters)
+        self._pending: list[DriftEvent] = []
+        self._after_pending: str | None = None
+
+    def __iter__(self) -> DriftFollower:
+        return self
+
+    def __next__(self) -> DriftEvent:
+        while not self._pending:
+            if self._after_pending is not None:
+                self.cursor, self._after_pending = self._after_pending, None
+            try:
+                events, after = self._client.drift_since(
+                    self.cursor,
+                    run_id=self._filters.get("run_id"),
+                    from_=self._filters.get("from_"),
+                    to=self._filters.get("to"),
+                    key=self._filters.get("key"),
+                    max_events=1,
+                )
+            except (RecoveryConnectionError, OverloadedError):
+                time.sleep(self._interval)
+                continue
+            if events:
+                self._pending, self._after_pending = events, after
+            else:
+                self.cursor = after
+                time.sleep(self._interval)
+        return self._pending.pop(0)
