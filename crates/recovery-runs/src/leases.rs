@@ -133,6 +133,23 @@ impl Leases {
         &self.replica
     }
 
+    /// Whether other processes grant leases from this database too (replicas on PostgreSQL):
+    /// then a live lease whose locks nobody holds is one whose replica stopped, and a running
+    /// replica takes it again ([`Self::adopt_live`]) rather than ending it.
+    pub fn shares_database(&self) -> bool {
+        !self.sole_process
+    }
+
+    /// Whether a live lease was granted by this process (see [`Self::shares_database`]).
+    pub fn is_ours(&self, lease: &Lease) -> bool {
+        self.was_ours(lease)
+    }
+
+    /// Whether this process holds a run's locks under a lease.
+    pub fn holds(&self, run_id: &str) -> bool {
+        self.held_entry(run_id).is_some()
+    }
+
     /// The per-run mutexes shared with [`crate::RunLocks`].
     pub fn local(&self) -> &LocalRunLocks {
         &self.local

@@ -336,6 +336,12 @@ impl Registry {
         if !run.took_the_flock() {
             return Ok(Some(lease));
         }
+        if !self.leases().is_ours(&lease) {
+            // Another replica granted it and stopped (its flock went with it): the lease
+            // outlives it, as a restart's does, and a running replica's sweep takes its locks
+            // again (`Leases::adopt_live`); its collector is never refused meanwhile.
+            return Ok(Some(lease));
+        }
         self.store().release_lease(run_id, &lease.lease_id).await?;
         self.audit(
             "system",

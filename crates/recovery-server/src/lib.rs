@@ -353,21 +353,7 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
     }
     let leases = registry.leases().clone();
     // Live leases survive a restart: their collectors keep the runs they were granted.
-    // (Never fatal: a service that cannot take them serves anyway, as if they had been lost.)
-    let confinement = registry.confinement().clone();
-    let confined = move |path: &std::path::Path| {
-        confinement
-            .resolve(path)
-            .is_ok_and(|resolved| resolved == path)
-    };
-    match leases.adopt_live(confined).await {
-        Ok(adopted) => {
-            for lease in adopted {
-                tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expires_at = %lease.expires_at, "a live lease's locks taken again");
-            }
-        }
-        Err(e) => tracing::warn!(error = %e, "live leases could not be taken again"),
-    }
+    adopt_live_leases(&registry).await;
     Ok(AppState {
         config: Arc::new(config),
         registry,
@@ -376,6 +362,26 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         heavy: Arc::new(state::HeavyWork::for_this_machine()),
         plans: Arc::new(state::HeavyWork::plans_for_this_machine()),
     })
+}
+
+/// Takes again the locks of live leases nobody holds: at the start, this service's own from
+/// before it stopped; while serving among replicas, those of a replica that stopped. Never
+/// fatal: a lease that cannot be taken is left as if it had been lost.
+pub async fn adopt_live_leases(registry: &recovery_runs::Registry) {
+    let confinement = registry.confinement().clone();
+    let confined = move |path: &std::path::Path| {
+        confinement
+            .resolve(path)
+            .is_ok_and(|resolved| resolved == path)
+    };
+    match registry.leases().adopt_live(confined).await {
+        Ok(adopted) => {
+            for lease in adopted {
+                tracing::info!(run_id = %lease.run_id, holder = %lease.holder, replica = %lease.replica, expires_at = %lease.expires_at, "a live lease's locks taken again");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "live leases could not be taken again"),
+    }
 }
 
 /// Serves on `listener` until `shutdown` resolves; then drains requests and releases leases.
@@ -389,6 +395,10 @@ pub async fn serve(
         let mut tick = tokio::time::interval(sweeper_state.config.sweep_interval);
         loop {
             tick.tick().await;
+            if sweeper_state.leases.shares_database() {
+                // A replica that stopped left its live leases' locks free: taken here.
+                adopt_live_leases(&sweeper_state.registry).await;
+            }
             match sweeper_state.leases.sweep().await {
                 Ok(expired) => {
                     for lease in expired {

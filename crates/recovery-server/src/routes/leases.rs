@@ -165,6 +165,10 @@ pub async fn heartbeat(
     ApiJson(request): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<LeaseGranted>> {
     caller.require(Role::Collector)?;
+    if state.leases.shares_database() && !state.leases.holds(&run_id) {
+        // Granted by a replica that stopped: taken here first, so its collector goes on.
+        crate::adopt_live_leases(&state.registry).await;
+    }
     let lease = state
         .leases
         .heartbeat(

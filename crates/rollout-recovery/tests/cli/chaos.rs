@@ -1808,3 +1808,95 @@ async fn two_service_processes_on_one_postgresql_database_hand_out_each_number_o
     drop(database);
     eprintln!("two replicas on PostgreSQL: {:?}", began.elapsed());
 }
+
+/// Two replicas on one PostgreSQL database: when the one that granted a lease stops, the
+/// other keeps the lease for its collector (the hostile review saw it ended as an orphan and
+/// the collector refused hundreds of times): its calls go on there, its heartbeat renews it,
+/// the run's lock is held again, and another collector is refused.
+#[tokio::test]
+async fn a_lease_outlives_the_replica_that_granted_it_and_its_collector_goes_on_at_another() {
+    let database = ScratchDatabase::create(&mut Rng::new(seed()));
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let (first, second) = start_replicas(dir.path(), &root, &database, ["replica-a", "replica-b"]);
+    let client = reqwest::Client::new();
+    let output = root.join("exp/out.jsonl");
+    let run_id = super::create_run(&client, &first, &root, &output).await;
+    let (status, lease) = super::call(
+        &client,
+        &first,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "collector-1", "host": "node-1", "pid": 1, "ttl_seconds": 3600})),
+    )
+    .await;
+    assert_eq!(status, 201, "{lease}");
+    let lease_id = lease["lease_id"].as_str().expect("lease").to_owned();
+    assert!(
+        first.terminate().success(),
+        "the first replica stops cleanly"
+    );
+    // The collector's next call reaches the other replica, under its lease.
+    let validate = json!({"config": config(0.3), "global_config": global(8000), "source_path": root.join("src/train.jsonl"), "lease_id": lease_id});
+    let (status, answer) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/validate"),
+        COLLECTOR,
+        Some(validate),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (200, Some("reuse")),
+        "{answer}"
+    );
+    let (status, renewed) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease/heartbeat"),
+        COLLECTOR,
+        Some(json!({"lease_id": lease_id})),
+    )
+    .await;
+    assert_eq!(
+        status, 200,
+        "the heartbeat renews it at the other replica: {renewed}"
+    );
+    assert_eq!(
+        super::probe(&root.join("exp/out_run.lock")),
+        "blocked",
+        "its lock is held again"
+    );
+    let (status, refused) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease"),
+        COLLECTOR,
+        Some(json!({"holder": "collector-2", "host": "node-2", "pid": 2})),
+    )
+    .await;
+    assert_eq!(status, 423, "another collector is refused: {refused}");
+    let (_, audit) = super::call(
+        &client,
+        &second,
+        reqwest::Method::GET,
+        &format!("/audit?run_id={run_id}"),
+        OPERATOR,
+        None,
+    )
+    .await;
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert!(actions.contains(&"lease.adopted"), "{actions:?}");
+    assert!(!actions.contains(&"lease.orphaned"), "{actions:?}");
+}
