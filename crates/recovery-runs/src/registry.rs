@@ -992,6 +992,14 @@ async fn read_drift_batch(
 /// the id is the line's, whatever form its time was written in.
 fn drift_line_event(run_id: &str, offset: u64, bytes: &[u8]) -> Result<DriftEvent, String> {
     let mut line = serde_json::from_slice::<DriftLine>(bytes).map_err(|e| e.to_string())?;
+    // The journal beside a manifest is that run's: a line naming another run would show in
+    // that run's history (or a run that does not exist), so it is reported, not indexed.
+    if line.run_id != run_id {
+        return Err(format!(
+            "run_id: {:?} is not the run of the manifest beside this journal ({run_id})",
+            line.run_id
+        ));
+    }
     line.at = recovery_sidecar::normalize_rfc3339(&line.at)
         .map_err(|_| format!("at: {:?} is not an RFC 3339 time", line.at))?;
     Ok(drift_event(

@@ -253,6 +253,16 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
         &serde_json::to_vec(&sidecar_only).expect("json"),
     )
     .expect("append");
+    // A line naming another run is that run's business, not this journal's: reported.
+    let foreign = DriftLine {
+        run_id: "cd".repeat(16),
+        ..sidecar_only.clone()
+    };
+    recovery_sidecar::append_line(
+        &paths.resume_drift,
+        &serde_json::to_vec(&foreign).expect("json"),
+    )
+    .expect("append");
     recovery_sidecar::append_line(&paths.rerun_masked, br#"{"approval_id":"a1","at":"t","by":"op","reason":"r","task_index":3,"rollout_index":0,"attempt_index":1}"#).expect("append");
     recovery_sidecar::append_line(&paths.rerun_masked, b"not json").expect("append");
     recovery_sidecar::append_line(
@@ -275,8 +285,18 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
     );
     assert_eq!(
         report.unreadable.len(),
-        1,
-        "the unreadable approval line is reported, and approves nothing"
+        2,
+        "the unreadable approval line is reported, and approves nothing; so is the foreign \
+         drift line: {:?}",
+        report.unreadable
+    );
+    assert!(
+        report
+            .unreadable
+            .iter()
+            .any(|(_, why)| why.starts_with("run_id: ")),
+        "{:?}",
+        report.unreadable
     );
     assert_eq!(
         store
