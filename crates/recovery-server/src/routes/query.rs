@@ -201,6 +201,15 @@ async fn drift_page(
     run_id: Option<String>,
 ) -> ApiResult<DriftPage> {
     let limit = crate::error::page_limit(params.limit, 100)?;
+    // An empty filter would match nothing, silently: refused like any other empty field.
+    for (field, value) in [("run_id", &run_id), ("key", &params.key)] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field}: must not be empty (leave it out to match every event)"),
+            ));
+        }
+    }
     let from = params
         .from
         .as_deref()
@@ -211,6 +220,14 @@ async fn drift_page(
         .as_deref()
         .map(|t| time_bound("to", t))
         .transpose()?;
+    if let (Some(from), Some(to)) = (&from, &to) {
+        if from >= to {
+            return Err(ApiError::invalid_field(
+                "to",
+                format!("to: {to} is not after from ({from}): the range holds no time"),
+            ));
+        }
+    }
     if params.order.unwrap_or_default() == DriftOrder::Recorded {
         let cursor = params
             .cursor

@@ -256,6 +256,21 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "cursor",
         ),
+        (Method::GET, "/drift?key=".to_owned(), VIEWER, None, "key"),
+        (
+            Method::GET,
+            "/drift?run_id=".to_owned(),
+            VIEWER,
+            None,
+            "run_id",
+        ),
+        (
+            Method::GET,
+            "/drift?from=2026-11-30T00%3A00%3A00Z&to=2026-11-29T00%3A00%3A00Z".to_owned(),
+            VIEWER,
+            None,
+            "to",
+        ),
         (
             Method::GET,
             "/drift?order=sideways".to_owned(),
