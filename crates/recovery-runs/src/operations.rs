@@ -94,9 +94,14 @@ impl OpError {
         let (OpError::Invalid(message) | OpError::SourceUnreadable(message)) = self else {
             return None;
         };
-        let (field, _) = message.split_once(": ")?;
-        FIELD_PATH.is_match(field).then_some(field)
+        field_named_in(message)
     }
+}
+
+/// The request field a message names first (`source_path: ...`), if it names one.
+pub fn field_named_in(message: &str) -> Option<&str> {
+    let (field, _) = message.split_once(": ")?;
+    FIELD_PATH.is_match(field).then_some(field)
 }
 
 /// Runs blocking file work off the async executor.

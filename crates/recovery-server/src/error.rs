@@ -161,7 +161,17 @@ impl ApiError {
 }
 
 impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+    fn into_response(mut self) -> Response {
+        // A refusal whose message names a request field first (`source_path: ...`) names it
+        // for programs too, whichever code it has (path and identity refusals are built in
+        // many places; one rule here covers them all).
+        if let Some(details) = self.details.as_object_mut() {
+            if !details.contains_key("field") && self.code != ErrorCode::Internal {
+                if let Some(field) = recovery_runs::operations::field_named_in(&self.message) {
+                    details.insert("field".into(), field.into());
+                }
+            }
+        }
         let status = self.code.status();
         let code = serde_json::to_value(self.code)
             .ok()

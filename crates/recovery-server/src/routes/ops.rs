@@ -2,7 +2,7 @@
 //! resubmits, execution-number reservations and judge-only re-judgments.
 
 use crate::config::{Caller, Role};
-use crate::error::{ApiErrorBody, ApiJson, ApiResult};
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
@@ -17,9 +17,12 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalRequest {
+    #[schema(minimum = 0)]
     pub task_index: i64,
+    #[schema(minimum = 0)]
     pub rollout_index: i64,
     /// The masked attempt approved (exactly this one).
+    #[schema(minimum = 0)]
     pub attempt_index: i64,
     #[serde(deserialize_with = "crate::limits::text")]
     #[schema(max_length = 4096)]
@@ -40,6 +43,18 @@ pub async fn approve(
     ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> ApiResult<(StatusCode, Json<Approval>)> {
     caller.require(Role::Operator)?;
+    for (field, index) in [
+        ("task_index", request.task_index),
+        ("rollout_index", request.rollout_index),
+        ("attempt_index", request.attempt_index),
+    ] {
+        if index < 0 {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field}: {index} is not an index (0 or more)"),
+            ));
+        }
+    }
     let (_, run) = state.locked_run(&run_id).await?;
     let work = state.clone();
     state

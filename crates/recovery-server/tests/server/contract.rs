@@ -256,6 +256,13 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "cursor",
         ),
+        (
+            Method::POST,
+            format!("/runs/{run_id}/approvals"),
+            OPERATOR,
+            Some(json!({"task_index": -1, "rollout_index": 0, "attempt_index": 0, "reason": "r"})),
+            "task_index",
+        ),
         (Method::GET, "/drift?key=".to_owned(), VIEWER, None, "key"),
         (
             Method::GET,
@@ -351,6 +358,33 @@ async fn an_invalid_field_is_named_in_details() {
             "{uri}: {}",
             reply.body
         );
+    }
+}
+
+/// Refusals with a code of their own name their field too: a source outside the roots
+/// (`path_refused`) and a configuration that is no mapping (`identity_error`).
+#[tokio::test]
+async fn refusals_of_their_own_kind_name_their_field() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let mut outside = app.validate_body(0.3, 8000);
+    outside["source_path"] = json!("/etc/passwd");
+    let mut not_a_mapping = app.validate_body(0.3, 8000);
+    not_a_mapping["config"] = json!(5);
+    for (body, code, field) in [
+        (outside, "path_refused", "source_path"),
+        (not_a_mapping, "identity_error", "config"),
+    ] {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(reply.body["code"], code, "{}", reply.body);
+        assert_eq!(reply.body["details"]["field"], field, "{}", reply.body);
     }
 }
 
