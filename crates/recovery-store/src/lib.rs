@@ -9,7 +9,9 @@
 //! runtime queries with `$N` placeholders, which both drivers accept. An SQLite file belongs to
 //! one service process, which holds its lock (`owner.rs`: another process is refused); there a
 //! run's record and its lease are answered from memory once read, and forgotten by every write
-//! of them (`rowcache.rs`).
+//! of them (`rowcache.rs`). Drift events are also numbered in the order they commit (migration
+//! 0009: SQLite's one writer; on PostgreSQL a transaction advisory lock every drift insert takes
+//! first), under an epoch that changes when the database is made again, for followers.
 
 mod checkpoint;
 mod owner;
