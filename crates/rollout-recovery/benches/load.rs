@@ -1523,6 +1523,20 @@ async fn drift_query(settings: &Settings, dir: &Path, report: &mut Report) -> Be
     // first page and deep in the history, for every filter (the concurrent rows below measure
     // throughput, where 64 connections on these cores queue behind each other).
     let middle = at_text((total / 2) as u64);
+    // A recorded-order cursor names the database's numbering: `recorded:<epoch>:<position>`.
+    let (head, _) = call_json(
+        &client(),
+        &service.url,
+        reqwest::Method::GET,
+        "/drift?order=recorded&limit=1",
+        VIEWER,
+        None,
+        200,
+        settings.setup_timeout,
+    )
+    .await?;
+    let follow = head["follow_cursor"].as_str().unwrap_or_default();
+    let numbering = encode(follow.rsplit_once(':').map_or(follow, |(prefix, _)| prefix));
     let sequential = [
         ("first page, no filter", "/drift?limit=100".to_owned()),
         ("deep page, no filter", deep.clone()),
@@ -1562,18 +1576,18 @@ async fn drift_query(settings: &Settings, dir: &Path, report: &mut Report) -> Be
         (
             "recorded order, deep page",
             format!(
-                "/drift?order=recorded&limit=100&cursor=recorded%3A{}",
+                "/drift?order=recorded&limit=100&cursor={numbering}%3A{}",
                 total / 2
             ),
         ),
         (
             "recorded order, follower at the head",
-            format!("/drift?order=recorded&limit=100&cursor=recorded%3A{total}"),
+            format!("/drift?order=recorded&limit=100&cursor={numbering}%3A{total}"),
         ),
         (
             "recorded order, run, last 10,000",
             format!(
-                "/drift?order=recorded&run_id={}&limit=100&cursor=recorded%3A{}",
+                "/drift?order=recorded&run_id={}&limit=100&cursor={numbering}%3A{}",
                 runs[0].0,
                 total.saturating_sub(10_000)
             ),
@@ -1617,7 +1631,7 @@ async fn drift_query(settings: &Settings, dir: &Path, report: &mut Report) -> Be
         ("drift-query deep cursor", deep),
         (
             "drift-query follower at the head",
-            format!("/drift?order=recorded&cursor=recorded%3A{total}"),
+            format!("/drift?order=recorded&cursor={numbering}%3A{total}"),
         ),
     ];
     for (label, path) in queries {
