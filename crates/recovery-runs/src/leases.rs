@@ -290,9 +290,14 @@ impl Leases {
             .await
             .map_err(|e| LeaseError::Join(e.to_string()))??;
         let granted = self.store.try_acquire_lease(&lease, &now).await?;
+        if granted.lease_id != lease.lease_id && !self.was_ours(&granted) {
+            // Another replica's live lease, and its flock is free: that replica stopped, not
+            // the collector. The lease stays its collector's (taken here), the newcomer waits.
+            return Err(self.adopt_granted(request, granted, lock).await?);
+        }
         if granted.lease_id != lease.lease_id {
-            // A live lease, yet we hold the flock its holder would hold: that holder is gone (a
-            // crash or a kill); the lease is an orphan and is replaced, audited.
+            // A live lease of ours, yet we hold the flock its holder would hold: that holder is
+            // gone (a crash or a kill); the lease is an orphan and is replaced, audited.
             self.store.replace_lease(&lease).await?;
             self.audit("system", "lease.orphaned", &request.run_id, serde_json::json!({"holder": granted.holder, "host": granted.host, "pid": granted.pid, "replica": granted.replica, "why": "no process held the run's flock"})).await?;
             tracing::warn!(run_id = %request.run_id, holder = %granted.holder, "replaced a lease whose process is gone");
@@ -307,6 +312,47 @@ impl Leases {
         );
         self.record_locks(request, &lease).await?;
         Ok(lease)
+    }
+
+    /// Keeps `granted`, a live lease of a replica that stopped, for its collector under `lock`
+    /// (the run's flock, just taken), as [`Self::adopt_live`] would; returns the refusal for
+    /// the request that found it. Audited `lease.adopted`.
+    async fn adopt_granted(
+        &self,
+        request: &LeaseRequest,
+        granted: Lease,
+        lock: RunLock,
+    ) -> Result<LeaseError, LeaseError> {
+        let now = self.clock.now_text();
+        if !self
+            .store
+            .adopt_lease(&granted.run_id, &granted.lease_id, &self.replica, &now)
+            .await?
+        {
+            // Ended or expired meanwhile: the requester may ask again (the lock goes now).
+            return Ok(LeaseError::Held(Box::new(granted)));
+        }
+        self.held().insert(
+            request.run_id.clone(),
+            Held {
+                lease_id: granted.lease_id.clone(),
+                run_lock: request.run_lock(),
+                lock: Arc::new(lock),
+            },
+        );
+        self.audit(
+            "system",
+            "lease.adopted",
+            &granted.run_id,
+            serde_json::json!({"holder": granted.holder, "host": granted.host, "pid": granted.pid, "previous_replica": granted.replica, "expires_at": granted.expires_at}),
+        )
+        .await?;
+        tracing::info!(run_id = %granted.run_id, holder = %granted.holder, previous_replica = %granted.replica, "a stopped replica's live lease taken here");
+        let adopted = Lease {
+            replica: self.replica.clone(),
+            ..granted
+        };
+        Ok(LeaseError::Held(Box::new(adopted)))
     }
 
     /// Records which lock files a granted lease holds, so a restarted service takes them again.
@@ -433,12 +479,46 @@ impl Leases {
     ) -> Result<Lease, LeaseError> {
         let ttl = ttl.into();
         let Some((held_id, run_lock)) = self.held_entry(run_id) else {
-            return Err(not_holder(run_id, lease_id));
+            return self.renew_for_live_replica(run_id, lease_id, ttl).await;
         };
         let _run = self.local.lock(&run_lock).await;
         if held_id != lease_id || !matches!(self.end_if_expired(run_id).await?, Ending::Live) {
             return Err(not_holder(run_id, lease_id));
         }
+        let renewed = self.renew(run_id, lease_id, ttl).await;
+        if matches!(renewed, Err(LeaseError::NotHolder { .. })) {
+            self.forget(run_id, lease_id);
+        }
+        renewed
+    }
+
+    /// Renews, for a heartbeat that reached this replica, a live lease that another running
+    /// replica granted and holds the run's flock for (the caller tried to take a free one here
+    /// first): the lease's exclusion is that replica's flock, so renewing its record is all a
+    /// heartbeat does. On SQLite, or for a lease of ours we no longer hold, it is not held.
+    async fn renew_for_live_replica(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+        ttl: Option<time::Duration>,
+    ) -> Result<Lease, LeaseError> {
+        let now = self.clock.now_text();
+        let live_elsewhere = self.store.get_lease(run_id).await?.is_some_and(|lease| {
+            lease.lease_id == lease_id && lease.expires_at > now && !self.was_ours(&lease)
+        });
+        if !live_elsewhere {
+            return Err(not_holder(run_id, lease_id));
+        }
+        self.renew(run_id, lease_id, ttl).await
+    }
+
+    /// Renews `lease_id` in the database for `ttl` (by default the lifetime it has).
+    async fn renew(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+        ttl: Option<time::Duration>,
+    ) -> Result<Lease, LeaseError> {
         let now = self.clock.now();
         // Without a lifetime the lease keeps the one it was granted (or last renewed) with.
         let ttl = match ttl {
@@ -460,7 +540,6 @@ impl Leases {
             )
             .await?;
         if !renewed {
-            self.forget(run_id, lease_id);
             return Err(not_holder(run_id, lease_id));
         }
         self.store

@@ -1900,3 +1900,94 @@ async fn a_lease_outlives_the_replica_that_granted_it_and_its_collector_goes_on_
     assert!(actions.contains(&"lease.adopted"), "{actions:?}");
     assert!(!actions.contains(&"lease.orphaned"), "{actions:?}");
 }
+
+/// Two running replicas on one PostgreSQL database: a collector's heartbeat that reaches the
+/// replica not holding its lease renews it (the hostile review saw 409 lease_not_held, which a
+/// collector takes for a lost lease), and when the granting replica stops, another collector
+/// asking at once is refused, the lease kept for its collector (the review saw 201: the
+/// stopped replica's lease replaced as an orphan).
+#[tokio::test]
+async fn a_lease_is_renewed_at_either_replica_and_never_granted_away_when_its_replica_stops() {
+    let database = ScratchDatabase::create(&mut Rng::new(seed()));
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let (first, second) = start_replicas(dir.path(), &root, &database, ["replica-a", "replica-b"]);
+    let client = reqwest::Client::new();
+    let run_id = super::create_run(&client, &first, &root, &root.join("exp/out.jsonl")).await;
+    let acquire =
+        |holder: &str| json!({"holder": holder, "host": "node", "pid": 1, "ttl_seconds": 600});
+    let lease_path = format!("/runs/{run_id}/lease");
+    let heartbeat_path = format!("/runs/{run_id}/lease/heartbeat");
+    let (status, lease) = post(&client, &first, &lease_path, acquire("collector-1")).await;
+    assert_eq!(status, 201, "{lease}");
+    let lease_id = lease["lease_id"].as_str().expect("lease").to_owned();
+    let (status, renewed) = post(
+        &client,
+        &second,
+        &heartbeat_path,
+        json!({"lease_id": lease_id, "ttl_seconds": 900}),
+    )
+    .await;
+    assert_eq!(
+        status, 200,
+        "a heartbeat at the other running replica renews: {renewed}"
+    );
+    assert!(
+        renewed["expires_at"].as_str() > lease["expires_at"].as_str(),
+        "{renewed} after {lease}"
+    );
+    let (status, refused) = post(&client, &second, &lease_path, acquire("collector-2")).await;
+    assert_eq!(status, 423, "{refused}");
+    assert!(
+        first.terminate().success(),
+        "the first replica stops cleanly"
+    );
+    let (status, refused) = post(&client, &second, &lease_path, acquire("collector-2")).await;
+    assert_eq!(
+        status, 423,
+        "the stopped replica's lease is not granted away: {refused}"
+    );
+    let (status, renewed) = post(
+        &client,
+        &second,
+        &heartbeat_path,
+        json!({"lease_id": lease_id}),
+    )
+    .await;
+    assert_eq!(status, 200, "its collector goes on: {renewed}");
+    assert_eq!(
+        super::probe(&root.join("exp/out_run.lock")),
+        "blocked",
+        "its lock is held again"
+    );
+    let (_, audit) = super::call(
+        &client,
+        &second,
+        reqwest::Method::GET,
+        &format!("/audit?run_id={run_id}"),
+        OPERATOR,
+        None,
+    )
+    .await;
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    assert!(actions.contains(&"lease.adopted"), "{actions:?}");
+    assert!(!actions.contains(&"lease.orphaned"), "{actions:?}");
+}
+
+async fn post(client: &reqwest::Client, server: &Server, path: &str, body: Value) -> (u16, Value) {
+    super::call(
+        client,
+        server,
+        reqwest::Method::POST,
+        path,
+        COLLECTOR,
+        Some(body),
+    )
+    .await
+}
