@@ -341,6 +341,16 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         seconds = reindex_started.elapsed().as_secs_f64(),
         "reindexed sidecars"
     );
+    if report.drift_inserted > 0 {
+        // Drift the database lacked: a crash between a journal and its row, lines a collector
+        // wrote while the service was down, or a restored older backup, whose positions past
+        // its head are numbered again. Followers cannot be told apart, so all start afresh.
+        registry.store().renumber_drift_followers().await?;
+        tracing::info!(
+            drift = report.drift_inserted,
+            "drift indexed at start: recorded-order cursors handed out before now answer cursor_expired"
+        );
+    }
     for (previous, run_id) in &report.superseded {
         tracing::warn!(
             previous,

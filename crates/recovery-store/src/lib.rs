@@ -1019,6 +1019,22 @@ impl Store {
         })
     }
 
+    /// Starts a new numbering of the recorded order for followers: every recorded-order cursor
+    /// handed out before answers `cursor_expired`. For a start-up that indexed drift the
+    /// database lacked: it may be a restore of an older backup, whose positions past its head
+    /// were numbered again, so a cursor from before could skip events silently.
+    pub async fn renumber_drift_followers(&self) -> Result<(), StoreError> {
+        // Random as migration 0009 makes the first epoch.
+        let sql = match self.backend {
+            Backend::Sqlite => "UPDATE drift_recorded_epoch SET epoch = lower(hex(randomblob(8)))",
+            Backend::Postgres => {
+                "UPDATE drift_recorded_epoch SET epoch = substr(md5(random()::text || clock_timestamp()::text), 1, 16)"
+            }
+        };
+        sqlx::query(sql).execute(&self.pool).await?;
+        Ok(())
+    }
+
     // --- approvals, attempts, re-judgments -------------------------------------------------
 
     pub async fn insert_approval(&self, approval: &Approval) -> Result<bool, StoreError> {

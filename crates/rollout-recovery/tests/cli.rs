@@ -794,6 +794,122 @@ async fn a_restart_keeps_live_leases_and_their_locks_whether_stopped_or_killed()
     assert_eq!(probe(&lock), "acquired", "and the lock with it");
 }
 
+/// The database restored from an older backup: start-up indexes the drift it lacks again, under
+/// new positions, so a follower's cursor from before the restore answers 410 `cursor_expired`
+/// (the hostile review saw it accepted, silently skipping events renumbered below it), and
+/// following afresh answers every event.
+#[tokio::test]
+async fn a_follow_cursor_from_before_a_restore_of_an_older_backup_has_expired() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let client = reqwest::Client::new();
+    let server = Server::start(&data, &root);
+    let root = std::fs::canonicalize(&root).expect("root");
+    let run_id = create_run(&client, &server, &root, &root.join("exp/out.jsonl")).await;
+    let drift = |port: i64| json!({"config": config(0.3), "global_config": global(port), "source_path": root.join("src/train.jsonl")});
+    let validate = format!("/runs/{run_id}/validate");
+    let (status, first) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &validate,
+        COLLECTOR,
+        Some(drift(9001)),
+    )
+    .await;
+    assert_eq!(
+        (status, first["outcome"].as_str()),
+        (200, Some("resume_with_drift")),
+        "{first}"
+    );
+    assert!(server.terminate().success());
+    let backup = dir.path().join("backup");
+    std::fs::create_dir(&backup).expect("backup dir");
+    let database_files = |from: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(from)
+            .expect("data dir")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("rollout-recovery.db"))
+            })
+            .collect()
+    };
+    let copy_all = |files: Vec<PathBuf>, to: &Path| {
+        for file in files {
+            std::fs::copy(&file, to.join(file.file_name().expect("name"))).expect("copy");
+        }
+    };
+    copy_all(database_files(&data), &backup);
+    let server = Server::start(&data, &root);
+    let (status, second) = call(
+        &client,
+        &server,
+        reqwest::Method::POST,
+        &validate,
+        COLLECTOR,
+        Some(drift(9002)),
+    )
+    .await;
+    assert_eq!(
+        (status, second["outcome"].as_str()),
+        (200, Some("resume_with_drift")),
+        "{second}"
+    );
+    let (status, page) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        "/drift?order=recorded",
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, page["events"].as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{page}"
+    );
+    let cursor = page["follow_cursor"]
+        .as_str()
+        .expect("follow cursor")
+        .replace(':', "%3A");
+    assert!(server.terminate().success());
+    for file in database_files(&data) {
+        std::fs::remove_file(file).expect("remove");
+    }
+    copy_all(database_files(&backup), &data);
+    let server = Server::start(&data, &root);
+    let (status, expired) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        &format!("/drift?order=recorded&cursor={cursor}"),
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, expired["code"].as_str()),
+        (410, Some("cursor_expired")),
+        "{expired}"
+    );
+    let (status, afresh) = call(
+        &client,
+        &server,
+        reqwest::Method::GET,
+        "/drift?order=recorded",
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, afresh["events"].as_array().map(Vec::len)),
+        (200, Some(2)),
+        "{afresh}"
+    );
+}
+
 /// A lease whose run lock another process (a collector that did not wait) took while the
 /// service was down is ended when the service starts again, audited, and never reported live:
 /// asking who holds the run says another process does.

@@ -286,8 +286,8 @@ async fn followed_page(
         if cursor.epoch != page.epoch {
             return Err(cursor_expired(
                 "cursor: the drift history was numbered anew since this cursor was issued (the \
-                 database was made again); follow again without a cursor and drop the event ids \
-                 you already have"
+                 database was made again, or a start indexed drift it lacked, as after a \
+                 restore); follow again without a cursor and drop the event ids you already have"
                     .into(),
             ));
         }
@@ -295,9 +295,9 @@ async fn followed_page(
             // Positions only grow, so no cursor of this numbering is past its head unless the
             // database went back to an older backup.
             return Err(cursor_expired(format!(
-                "cursor: position {} is past the last one recorded ({}): the database was \
-                 restored from an older backup; follow again without a cursor and drop the \
-                 event ids you already have",
+                "cursor: position {} is past the last one recorded ({}): the database went \
+                 back to an older state (a restore), or the cursor was not issued here; follow \
+                 again without a cursor and drop the event ids you already have",
                 cursor.position, page.head
             )));
         }
