@@ -493,6 +493,13 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Replaces the `--state` file with `cursor` (empty: follow from the first event).
+fn write_follow_state(state: &std::path::Path, cursor: Option<&str>) -> anyhow::Result<()> {
+    let text = cursor.map(|c| format!("{c}\n")).unwrap_or_default();
+    recovery_sidecar::atomic_write(state, text.as_bytes(), None)
+        .with_context(|| format!("--state {}", state.display()))
+}
+
 /// `drift --follow`: pages in recorded order from `--cursor` (or the first event), printing
 /// events as JSON lines; waits `--interval` whenever no more are waiting. A service that cannot
 /// be reached is asked again (it may be restarting); a refusal ends the command.
@@ -513,6 +520,10 @@ async fn follow_drift(
         },
         (None, None) => None,
     };
+    if let Some(state) = &args.state {
+        // Before anything is printed: a state file that cannot be kept is refused at once.
+        write_follow_state(state, cursor.as_deref())?;
+    }
     loop {
         let mut ask = query.clone();
         ask.extend(cursor.iter().map(|c| ("cursor", c.clone())));
@@ -525,6 +536,25 @@ async fn follow_drift(
                 continue;
             }
         };
+        if response.status() == reqwest::StatusCode::GONE {
+            if let Some(state) = &args.state {
+                // The cursor is of another numbering: kept, it would be refused at every start.
+                write_follow_state(state, None)?;
+            }
+            let refusal = answer(response)
+                .await
+                .err()
+                .unwrap_or_else(|| anyhow::anyhow!("410"));
+            bail!(
+                "{refusal}{}",
+                if args.state.is_some() {
+                    "; the state file was emptied: run again to follow from the first event \
+                     (drop the event ids you already have)"
+                } else {
+                    ""
+                }
+            );
+        }
         let page = answer(response).await?;
         let mut stdout = std::io::stdout().lock();
         for event in page["events"].as_array().into_iter().flatten() {
@@ -538,8 +568,7 @@ async fn follow_drift(
             .to_owned();
         if let Some(state) = &args.state {
             if cursor.as_deref() != Some(next.as_str()) {
-                recovery_sidecar::atomic_write(state, format!("{next}\n").as_bytes(), None)
-                    .with_context(|| format!("--state {}", state.display()))?;
+                write_follow_state(state, Some(&next))?;
             }
         }
         cursor = Some(next);

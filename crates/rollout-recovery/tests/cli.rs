@@ -870,10 +870,10 @@ async fn a_follow_cursor_from_before_a_restore_of_an_older_backup_has_expired() 
         (200, Some(2)),
         "{page}"
     );
-    let cursor = page["follow_cursor"]
-        .as_str()
-        .expect("follow cursor")
-        .replace(':', "%3A");
+    let follow_cursor = page["follow_cursor"].as_str().expect("follow cursor");
+    let state = dir.path().join("follow.cursor");
+    std::fs::write(&state, format!("{follow_cursor}\n")).expect("state");
+    let cursor = follow_cursor.replace(':', "%3A");
     assert!(server.terminate().success());
     for file in database_files(&data) {
         std::fs::remove_file(file).expect("remove");
@@ -907,6 +907,46 @@ async fn a_follow_cursor_from_before_a_restore_of_an_older_backup_has_expired() 
         (status, afresh["events"].as_array().map(Vec::len)),
         (200, Some(2)),
         "{afresh}"
+    );
+    // The CLI follower keeping that cursor stops saying so, and empties its state file so
+    // that it follows afresh when run again (the review saw the stale cursor kept).
+    let follower = Command::new(BIN)
+        .args(["drift", "--url", &server.url, "--follow", "--state"])
+        .arg(&state)
+        .env("RR_TOKEN", VIEWER)
+        .output()
+        .expect("follower");
+    let stderr = String::from_utf8_lossy(&follower.stderr);
+    assert!(
+        !follower.status.success() && stderr.contains("cursor_expired"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&state).expect("state"), "");
+}
+
+/// `drift --follow --state` in a directory that does not exist is refused before it prints or
+/// asks anything (the review saw events printed, then the command fail on its first save).
+#[test]
+fn a_follow_state_file_that_cannot_be_written_is_refused_at_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let state = dir.path().join("missing/follow.cursor");
+    // No service listens on port 9: a check made only after asking would retry forever.
+    let follower = Command::new(BIN)
+        .args([
+            "drift",
+            "--url",
+            "http://127.0.0.1:9",
+            "--follow",
+            "--state",
+        ])
+        .arg(&state)
+        .env("RR_TOKEN", VIEWER)
+        .output()
+        .expect("follower");
+    let stderr = String::from_utf8_lossy(&follower.stderr);
+    assert!(
+        !follower.status.success() && stderr.contains("--state") && follower.stdout.is_empty(),
+        "{stderr}"
     );
 }
 
