@@ -101,7 +101,8 @@ impl OpError {
 /// The request field a message names first (`source_path: ...`), if it names one.
 pub fn field_named_in(message: &str) -> Option<&str> {
     let (field, _) = message.split_once(": ")?;
-    FIELD_PATH.is_match(field).then_some(field)
+    // `body: ...` and `query: ...` are about the request as a whole, which is no field.
+    (FIELD_PATH.is_match(field) && !matches!(field, "body" | "query")).then_some(field)
 }
 
 /// Runs blocking file work off the async executor.

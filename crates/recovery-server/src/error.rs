@@ -727,3 +727,24 @@ pub async fn refuse_oversized_head(
 pub async fn fallback(uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no endpoint {}", uri.path()))
 }
+
+/// For operations that take no query parameters: any is refused naming it, as an unknown
+/// parameter of a list is (a misspelt option would otherwise be ignored silently).
+pub async fn refuse_query(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let first = request
+        .uri()
+        .query()
+        .and_then(|query| form_urlencoded::parse(query.as_bytes()).next())
+        .map(|(name, _)| name.into_owned());
+    match first {
+        Some(name) => ApiError::invalid_field(
+            &name,
+            format!("{name}: unknown query parameter (this operation takes none)"),
+        )
+        .into_response(),
+        None => next.run(request).await,
+    }
+}

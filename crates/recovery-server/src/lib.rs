@@ -195,17 +195,12 @@ async fn record_metrics(request: Request, next: Next) -> Response {
 pub fn app(state: AppState) -> Router {
     let limit = state.config.body_limit_bytes;
     let timeout = state.config.request_timeout;
-    Router::new()
-        .route(
-            "/runs",
-            post(routes::runs::create_run).get(routes::runs::list_runs),
-        )
+    // Operations that take no query parameters refuse any (a misspelt option is not ignored).
+    let without_query = Router::new()
+        .route("/runs", post(routes::runs::create_run))
         .route("/runs/{run_id}", get(routes::runs::get_run))
         .route("/runs/{run_id}/validate", post(routes::runs::validate))
-        .route("/runs/{run_id}/drift", get(routes::query::run_drift))
-        .route("/drift", get(routes::query::drift))
         .route("/classify", post(routes::query::classify))
-        .route("/runs/{run_id}/plan", get(routes::query::plan))
         .route(
             "/runs/{run_id}/approvals",
             post(routes::ops::approve).get(routes::ops::list_approvals),
@@ -246,11 +241,18 @@ pub fn app(state: AppState) -> Router {
             post(routes::leases::takeover),
         )
         .route("/reindex", post(routes::system::reindex))
+        .route_layer(middleware::from_fn(error::refuse_query));
+    Router::new()
+        .route("/runs", get(routes::runs::list_runs))
+        .route("/runs/{run_id}/drift", get(routes::query::run_drift))
+        .route("/drift", get(routes::query::drift))
+        .route("/runs/{run_id}/plan", get(routes::query::plan))
         .route("/audit", get(routes::audit::audit))
         .route("/healthz", get(routes::system::healthz))
         .route("/readyz", get(routes::system::readyz))
         .route("/metrics", get(routes::system::metrics))
         .route("/openapi.json", get(routes::system::openapi))
+        .merge(without_query)
         .merge(ui::router())
         .fallback(error::fallback)
         .layer(middleware::from_fn(record_metrics))

@@ -43,7 +43,12 @@ fn bounded_opt<'de, D: Deserializer<'de>>(
 }
 
 pub fn id<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    bounded(d, ID)
+    let value = bounded(d, ID)?;
+    if value.is_empty() {
+        // An empty id names nothing: refused here rather than looked up and not found.
+        return Err(D::Error::custom("must not be empty"));
+    }
+    Ok(value)
 }
 
 /// A name shown to people (a lease's holder and host): bounded like [`id`], and without

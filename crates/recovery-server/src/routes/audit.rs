@@ -42,11 +42,23 @@ pub struct AuditPage {
 
 impl AuditParams {
     pub fn filter(&self) -> ApiResult<AuditFilter> {
-        let blank = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+        // An empty filter is refused, as on the drift lists (it reads as "match nothing").
+        for (field, value) in [
+            ("run_id", &self.run_id),
+            ("actor", &self.actor),
+            ("action", &self.action),
+        ] {
+            if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                return Err(crate::error::ApiError::invalid_field(
+                    field,
+                    format!("{field}: must not be empty (leave it out to match every entry)"),
+                ));
+            }
+        }
         Ok(AuditFilter {
-            run_id: blank(&self.run_id),
-            actor: blank(&self.actor),
-            action: blank(&self.action),
+            run_id: self.run_id.clone(),
+            actor: self.actor.clone(),
+            action: self.action.clone(),
             before: self
                 .cursor
                 .as_deref()

@@ -146,7 +146,7 @@ pub async fn acquire(
 #[serde(deny_unknown_fields)]
 pub struct HeartbeatRequest {
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub lease_id: String,
     /// New lifetime from now (default: the lifetime the lease was granted or last renewed with).
     #[serde(default)]
@@ -188,7 +188,7 @@ pub async fn heartbeat(
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub lease_id: String,
 }
 

@@ -189,7 +189,7 @@ pub async fn resubmit(
 #[serde(deny_unknown_fields)]
 pub struct ReserveRequest {
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub lease_id: String,
     /// Logical rollout ids to reserve the next execution number for.
     #[serde(deserialize_with = "crate::limits::ids")]
@@ -247,14 +247,14 @@ pub async fn reserve(
 #[serde(deny_unknown_fields)]
 pub struct AdmitRejudgeRequest {
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub lease_id: String,
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub rollout_id: String,
     pub attempt: u64,
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub predecessor_failure_id: String,
     /// The predecessor failure line exactly as saved (its SHA-256 is recorded).
     #[serde(deserialize_with = "crate::limits::line")]
@@ -308,11 +308,11 @@ pub async fn admit_rejudgment(
 #[serde(deny_unknown_fields)]
 pub struct CloseRejudgeRequest {
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub lease_id: String,
     /// What the saved outcome was (`graded`, `failed`, ...).
     #[serde(deserialize_with = "crate::limits::id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub outcome: String,
 }
 

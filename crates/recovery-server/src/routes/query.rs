@@ -176,13 +176,17 @@ fn not_a_cursor(detail: &str) -> ApiError {
 pub fn time_cursor(text: &str) -> ApiResult<Cursor> {
     Cursor::decode(text)
         .filter(|c| recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at))
-        .ok_or_else(|| {
-            not_a_cursor(if text.starts_with(RECORDED_CURSOR) {
-                " for order=time (pass order=recorded with it)"
-            } else {
-                ""
-            })
-        })
+        .ok_or_else(|| not_a_cursor(""))
+}
+
+/// A drift list's time-order cursor: a recorded-order one is refused saying which order it is.
+fn drift_time_cursor(text: &str) -> ApiResult<Cursor> {
+    if text.starts_with(RECORDED_CURSOR) {
+        return Err(not_a_cursor(
+            " for order=time (pass order=recorded with it)",
+        ));
+    }
+    time_cursor(text)
 }
 
 /// Normalises an RFC 3339 bound to the stored fixed-width form.
@@ -249,7 +253,11 @@ async fn drift_page(
         key: params.key,
         from,
         to,
-        after: params.cursor.as_deref().map(time_cursor).transpose()?,
+        after: params
+            .cursor
+            .as_deref()
+            .map(drift_time_cursor)
+            .transpose()?,
         // One more than the page: a cursor is given only when another event follows.
         limit: limit + 1,
     };

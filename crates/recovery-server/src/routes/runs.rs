@@ -125,6 +125,12 @@ pub async fn create_run(
             format!("max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"),
         ));
     }
+    if request.output_path.trim().is_empty() {
+        return Err(ApiError::invalid_field(
+            "output_path",
+            "output_path: must not be empty; name the JSONL file the run writes",
+        ));
+    }
     let last = request.output_path.rsplit('/').next().unwrap_or_default();
     if matches!(last, "" | "." | "..") {
         // `Path` forgets a trailing `/` or `/.`: `exp/` would name a file `exp`.
@@ -435,11 +441,20 @@ pub async fn list_runs(
 ) -> ApiResult<Json<RunList>> {
     caller.require(Role::Viewer)?;
     if let Some(output) = params.output_path {
+        if output.trim().is_empty() {
+            return Err(ApiError::invalid_field(
+                "output_path",
+                "output_path: must not be empty (leave it out to list every run)",
+            ));
+        }
         let resolved = state
             .registry
             .confinement()
             .resolve(std::path::Path::new(&output))
-            .map_err(|e| ApiError::new(ErrorCode::PathRefused, e.to_string()))?;
+            .map_err(|e| {
+                ApiError::new(ErrorCode::PathRefused, format!("output_path: {e}"))
+                    .with_details(serde_json::json!({"field": "output_path"}))
+            })?;
         // The files are the truth: a run they hold is adopted (a Python collector's fresh start
         // included); without a manifest, the recorded run is answered.
         let run = match state.registry.adopt(&resolved).await? {

@@ -458,8 +458,14 @@ async fn drift(
 async fn audit(
     State(state): State<AppState>,
     visitor: Visitor,
-    PageQuery(params): PageQuery<routes::audit::AuditParams>,
+    PageQuery(mut params): PageQuery<routes::audit::AuditParams>,
 ) -> Response {
+    // The page's form sends the fields left empty: they filter nothing here.
+    for value in [&mut params.run_id, &mut params.actor, &mut params.action] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            *value = None;
+        }
+    }
     let filter = pages::AuditFilters {
         run_id: params.run_id.clone().filter(|s| !s.trim().is_empty()),
         actor: params.actor.clone().filter(|s| !s.trim().is_empty()),

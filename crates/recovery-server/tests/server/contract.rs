@@ -61,6 +61,8 @@ async fn an_invalid_field_is_named_in_details() {
         .remove("output_path");
     let mut unknown = app.create_body();
     unknown["output_pth"] = json!("typo.jsonl");
+    let mut empty_output = app.create_body();
+    empty_output["output_path"] = json!("");
     let cases = [
         (
             Method::POST,
@@ -342,6 +344,57 @@ async fn an_invalid_field_is_named_in_details() {
             Some(json!({"rows": [], "policy": {"schema_version": 2}})),
             "policy",
         ),
+        // An operation that takes no query parameter refuses one (a misspelt option).
+        (
+            Method::GET,
+            format!("/runs/{run_id}/lease?holder=x"),
+            VIEWER,
+            None,
+            "holder",
+        ),
+        (
+            Method::POST,
+            format!("/runs/{run_id}/validate?allow_unsafe=true"),
+            COLLECTOR,
+            Some(app.validate_body(0.3, 8000)),
+            "allow_unsafe",
+        ),
+        (
+            Method::GET,
+            format!("/runs/{run_id}?verbose"),
+            VIEWER,
+            None,
+            "verbose",
+        ),
+        // An empty filter or id names nothing.
+        (
+            Method::GET,
+            "/audit?actor=".to_owned(),
+            VIEWER,
+            None,
+            "actor",
+        ),
+        (
+            Method::GET,
+            "/runs?output_path=".to_owned(),
+            VIEWER,
+            None,
+            "output_path",
+        ),
+        (
+            Method::POST,
+            format!("/runs/{run_id}/lease/heartbeat"),
+            COLLECTOR,
+            Some(json!({"lease_id": ""})),
+            "lease_id",
+        ),
+        (
+            Method::POST,
+            "/runs".to_owned(),
+            COLLECTOR,
+            Some(empty_output),
+            "output_path",
+        ),
     ];
     for (method, uri, token, body, field) in cases.into_iter().chain(checked) {
         let reply = app.call(method.clone(), &uri, Some(token), body).await;
@@ -359,6 +412,48 @@ async fn an_invalid_field_is_named_in_details() {
             reply.body
         );
     }
+}
+
+/// Refusals about the request as a whole name no field (the review saw `details.field: "body"`),
+/// and the audit log's cursor refusal does not point at a drift-only parameter.
+#[tokio::test]
+async fn refusals_of_the_whole_request_name_no_field() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    for (method, uri, body) in [
+        (
+            Method::POST,
+            format!("/runs/{run_id}/validate"),
+            Some("not json".to_owned()),
+        ),
+        (Method::POST, "/runs".to_owned(), Some("[1, 2]".to_owned())),
+    ] {
+        let reply = send(app.state.clone(), method, &uri, Some(COLLECTOR), body).await;
+        assert_eq!(
+            reply.body["code"], "invalid_request",
+            "{uri}: {}",
+            reply.body
+        );
+        assert!(
+            reply.body["details"].get("field").is_none(),
+            "{uri}: {}",
+            reply.body
+        );
+    }
+    let reply = app
+        .call(
+            Method::GET,
+            "/audit?cursor=recorded%3Aabc%3A1",
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let message = reply.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("cursor: ") && !message.contains("order"),
+        "{}",
+        reply.body
+    );
 }
 
 /// Refusals with a code of their own name their field too: a source outside the roots
