@@ -7,6 +7,9 @@ import queue
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from rollout_recovery_client import (
     Approval,
@@ -312,10 +315,20 @@ def test_drift_pages_filters_and_iterator(
     new, _ = client.drift_since(cursor, run_id=spec.run_id)
     assert [e.event_id for e in new] == [later]
     assert next(client.follow_drift(cursor, run_id=spec.run_id)).event_id == later
-    bounded, partway = client.drift_since(run_id=spec.run_id, page_size=1, max_events=2)
-    assert [e.event_id for e in bounded] == event_ids[:2]
-    rest, _ = client.drift_since(partway, run_id=spec.run_id)
-    assert [e.event_id for e in rest] == [*event_ids[2:], later]
+    # At most max_events, whatever the page size: the rest follows from the cursor.
+    for page_size in (1, 100):
+        bounded, partway = client.drift_since(run_id=spec.run_id, page_size=page_size, max_events=2)
+        assert [e.event_id for e in bounded] == event_ids[:2]
+        rest, _ = client.drift_since(partway, run_id=spec.run_id)
+        assert [e.event_id for e in rest] == [*event_ids[2:], later]
+    bad_counts: list[Any] = [0, -1, True, 1.5]
+    for bad in bad_counts:
+        with pytest.raises(ValueError, match="max_events"):
+            client.drift_since(run_id=spec.run_id, max_events=bad)
+    bad_intervals: list[Any] = [0, -1, float("nan"), float("inf"), True]
+    for bad in bad_intervals:
+        with pytest.raises(ValueError, match="interval"):
+            client.follow_drift(interval=bad)
 
 
 def test_a_drift_follower_outlives_a_restart_and_resumes_from_its_cursor(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Scenarios:
-//! - `validate-1mb`, `validate-100mb`: `POST /runs/{id}/validate` answering `reuse`, for a run of
-//!   20 rows whose source dataset is 1 MB / 100 MB (the load starts once the dataset is 2 s old,
+//! - `validate-1mb`, `validate-100mb`, `validate-1gb`: `POST /runs/{id}/validate` answering `reuse`, for a run of
+//!   20 rows whose source dataset is 1 MB / 100 MB / 1 GB (the load starts once the dataset is 2 s old,
 //!   when the service trusts its cached digest; the first, cold validate is a note);
 //! - `validate-rows-1000`: the same with the run's 1,000 rows inline in every validate;
 //! - `drift-64x8`: every validate resumes across operational drift (a per-request sandbox port),
@@ -76,9 +76,10 @@ const OPERATOR: &str = "operator-token-0123456789";
 const COLLECTOR: &str = "collector-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
 const SECRET: &str = "sk-live-S3CR3T-value";
-const SCENARIOS: [&str; 7] = [
+const SCENARIOS: [&str; 8] = [
     "validate-1mb",
     "validate-100mb",
+    "validate-1gb",
     "validate-rows-1000",
     "drift-64x8",
     "drift-query",
@@ -214,6 +215,7 @@ async fn run(settings: Settings, selected: Vec<&str>) {
             "validate-100mb" => {
                 validate_source(&settings, dir.path(), &mut report, 100, name).await
             }
+            "validate-1gb" => validate_source(&settings, dir.path(), &mut report, 1000, name).await,
             "validate-rows-1000" => validate_rows(&settings, dir.path(), &mut report).await,
             "drift-64x8" => drift_writes(&settings, dir.path(), &mut report).await,
             "drift-query" => drift_query(&settings, dir.path(), &mut report).await,
@@ -1153,7 +1155,7 @@ fn validate_request(url: &str, run_id: &str, body: &Value) -> MakeRequest {
 
 // --- scenarios --------------------------------------------------------------------------------
 
-/// `validate-1mb`, `validate-100mb`: reuse validations of a run over a large source dataset.
+/// `validate-1mb`, `validate-100mb`, `validate-1gb`: reuse validations of a run over a large source dataset.
 async fn validate_source(
     settings: &Settings,
     dir: &Path,

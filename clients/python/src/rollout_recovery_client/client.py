@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -52,6 +53,13 @@ logger = logging.getLogger("rollout_recovery_client")
 DEFAULT_TIMEOUT = 60.0
 
 _JSON = Mapping[str, Any]
+
+
+def _positive_int(name: str, value: int) -> int:
+    """``value`` when it is a whole number of at least 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: {value!r} is not a whole number of at least 1")
+    return value
 
 
 def _segment(value: str) -> str:
@@ -739,16 +747,19 @@ class RecoveryClient:
         """The matching drift events recorded after ``cursor`` (every one when ``None``), in
         the order the service recorded them, and the cursor to pass next time: called again
         and again, it answers each event exactly once, whatever other runs write meanwhile.
-        ``max_events`` stops after the page that reaches it (the cursor then points after that
-        page, so nothing is skipped): a bound on memory for a first call over a long history."""
+        ``max_events`` answers at most that many (the cursor then points after the last one,
+        so nothing is skipped): a bound on memory for a first call over a long history."""
+        size = 100 if page_size is None else _positive_int("page_size", page_size)
+        bound = None if max_events is None else _positive_int("max_events", max_events)
         events: list[DriftEvent] = []
         while True:
+            limit = size if bound is None else min(size, bound - len(events))
             page = self.drift(
                 run_id=run_id,
                 from_=from_,
                 to=to,
                 key=key,
-                limit=page_size,
+                limit=limit,
                 cursor=cursor,
                 order="recorded",
             )
@@ -759,7 +770,7 @@ class RecoveryClient:
                     "the service answered no follow_cursor (a release without order=recorded)",
                 )
             cursor = page.follow_cursor
-            if page.next_cursor is None or (max_events is not None and len(events) >= max_events):
+            if page.next_cursor is None or (bound is not None and len(events) >= bound):
                 return events, cursor
 
     def follow_drift(
@@ -777,10 +788,17 @@ class RecoveryClient:
         while the service cannot be reached (a restart). Its ``cursor`` is where to start
         again (``follow_drift(follower.cursor)``): at least once, so drop a repeated
         ``event_id``."""
+        if (
+            isinstance(interval, bool)
+            or not isinstance(interval, (int, float))
+            or not math.isfinite(interval)
+            or interval <= 0
+        ):
+            raise ValueError(f"interval: {interval!r} is not a positive number of seconds")
         return DriftFollower(
             self,
             cursor,
-            interval=interval,
+            interval=float(interval),
             filters={"run_id": run_id, "from_": from_, "to": to, "key": key},
         )
 
