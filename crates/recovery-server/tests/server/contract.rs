@@ -311,6 +311,13 @@ async fn an_invalid_field_is_named_in_details() {
         ),
         (
             Method::GET,
+            "/drift?order=recorded&cursor=recorded%3Aabc%3A007".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
             format!("/runs/{run_id}/drift?order=recorded&cursor=recorded%3A1000000"),
             VIEWER,
             None,
