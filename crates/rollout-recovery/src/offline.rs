@@ -158,6 +158,8 @@ pub struct ValidateArgs {
     /// The current configuration bundle.
     #[arg(long)]
     bundle: PathBuf,
+    /// Accept a semantic change anyway (the escape hatch for legacy artifacts or a deliberate
+    /// override); the manifest is marked overridden for good.
     #[arg(long)]
     allow_unsafe: bool,
     #[command(flatten)]
@@ -282,6 +284,8 @@ pub struct ClassifyArgs {
     /// A saved classification policy (default: the shared one).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// Treat timeouts stamped terminal as retryable (for agents whose older builds stamped
+    /// per-attempt timeouts terminal).
     #[arg(long)]
     retry_terminal_timeouts: bool,
     /// Print every row's decision, one JSON line each.
@@ -375,14 +379,19 @@ async fn answer(response: reqwest::Response) -> anyhow::Result<Value> {
 pub struct ApproveArgs {
     #[command(flatten)]
     client: ClientArgs,
+    /// The run's id.
     #[arg(long)]
     run: String,
+    /// The masked attempt's task index (`_ng_task_index`).
     #[arg(long)]
     task: i64,
+    /// Its rollout index (`_ng_rollout_index`).
     #[arg(long)]
     rollout: i64,
+    /// Its attempt index (`_ng_attempt_index`), the execution number the masked answer came from.
     #[arg(long)]
     attempt: i64,
+    /// Why this rerun is approved, kept in the audit log (required, not empty).
     #[arg(long)]
     reason: String,
 }
@@ -410,14 +419,19 @@ pub async fn approve(args: ApproveArgs) -> anyhow::Result<()> {
 pub struct DriftArgs {
     #[command(flatten)]
     client: ClientArgs,
+    /// Only this run's events (a run id that is no run is refused).
     #[arg(long)]
     run: Option<String>,
+    /// Only events whose operational drift includes this dotted key.
     #[arg(long)]
     key: Option<String>,
+    /// Only events at or after this RFC 3339 time (inclusive).
     #[arg(long)]
     from: Option<String>,
+    /// Only events before this RFC 3339 time (exclusive).
     #[arg(long)]
     to: Option<String>,
+    /// Events per page, 1 to 1000.
     #[arg(long, default_value_t = 100)]
     limit: u32,
     /// The next page: the `next_cursor` of the page before, as printed (with `--follow`: a
