@@ -22,7 +22,7 @@ pub use records::*;
 
 use owner::Owner;
 
-use recovery_core::identity::redaction::redact_string;
+use recovery_core::identity::redaction::is_credential_name;
 use sqlx::Connection as _;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::pool::PoolConnection;
@@ -40,7 +40,9 @@ pub enum Backend {
 /// Why a store operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("unsupported database URL {0:?} (use sqlite://... or postgres://...)")]
+    /// The URL's scheme is neither SQLite's nor PostgreSQL's (what it is, never the rest of the
+    /// URL: a connection string may hold a password anywhere).
+    #[error("unsupported database URL: {0} (use sqlite://... or postgres://...)")]
     UnsupportedUrl(String),
     /// The database named by the URL could not be reached at start (the URL with its password
     /// hidden).
@@ -350,6 +352,52 @@ fn to_json(list: &[String]) -> String {
     serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
 }
 
+/// What is shown of a database URL in logs and errors: the URL with the password of its user
+/// info and the value of every credential-named query parameter (`password`, `sslpassword`, ...)
+/// replaced by `***`; a text that is not a URL is not shown at all.
+pub fn shown_database_url(url: &str) -> String {
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "(a database URL that does not parse; not shown: it may hold a password)".into();
+    };
+    let hidden = "***";
+    if parsed.password().is_some() {
+        // Fails only for URLs that cannot have user info, which then have no password.
+        let _ = parsed.set_password(Some(hidden));
+    }
+    let secret_params = parsed
+        .query_pairs()
+        .any(|(key, _)| is_credential_name(&key));
+    if secret_params {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(key, value)| {
+                let value = if is_credential_name(&key) {
+                    hidden.to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (key.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    if parsed.password().is_none() && !secret_params {
+        // Nothing hidden: the URL as given (parsing would re-encode a path's spaces).
+        return url.to_owned();
+    }
+    parsed.to_string()
+}
+
+/// What an unsupported URL is named by: its scheme when it has one, never the rest.
+fn unsupported_scheme(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(parsed) => format!("the scheme {:?}", parsed.scheme()),
+        Err(_) => {
+            "not a URL (a connection string such as `host=... user=...` is not accepted)".to_owned()
+        }
+    }
+}
+
 impl Store {
     /// Connects (creating an SQLite file when needed) and applies the migrations.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -359,8 +407,7 @@ impl Store {
         } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
             Backend::Postgres
         } else {
-            // The URL may carry a password: never echo it.
-            return Err(StoreError::UnsupportedUrl(redact_string(url)));
+            return Err(StoreError::UnsupportedUrl(unsupported_scheme(url)));
         };
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
@@ -379,7 +426,7 @@ impl Store {
         };
         // One connection first: a database that cannot be reached is named at once with the
         // driver's reason, where the pool would retry in silence for its whole acquire timeout.
-        let shown = redact_string(&url);
+        let shown = shown_database_url(&url);
         tracing::info!(url = %shown, "connecting to the database");
         AnyConnection::connect(&url)
             .await

@@ -681,6 +681,50 @@ async fn a_second_service_process_on_one_sqlite_file_is_refused_and_the_first_ke
     assert!(started, "a service starts once the first stopped: {stderr}");
 }
 
+/// The service names the database it connects to (in its log at start, in its refusal when it
+/// cannot) without the password, wherever the URL carries it; a connection string that is no URL
+/// is refused without being echoed.
+#[test]
+fn a_database_password_is_never_logged() {
+    let dir = tempfile::tempdir().expect("dir");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    for (case, url, said) in [
+        (
+            "in the user info",
+            format!("postgres://collector:DBSECRET@127.0.0.1:{port}/test"),
+            "cannot connect to the database",
+        ),
+        (
+            "as a query parameter",
+            format!("postgres://127.0.0.1:{port}/test?user=collector&password=DBSECRET"),
+            "cannot connect to the database",
+        ),
+        (
+            "in a connection string",
+            format!("host=127.0.0.1 port={port} user=collector password=DBSECRET"),
+            "unsupported database URL",
+        ),
+    ] {
+        let child = Command::new(BIN)
+            .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg("--database-url")
+            .arg(&url)
+            .env_remove("RR_TOKENS")
+            .env("RR_LOG", "debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve");
+        let (started, stderr) = started_or_refused(child);
+        assert!(!started, "{case}: nothing listens there: {stderr}");
+        assert!(stderr.contains(said), "{case}: {stderr}");
+        assert!(!stderr.contains("DBSECRET"), "{case}: {stderr}");
+    }
+}
+
 /// Whether a `serve` process started (it logged so; it is stopped then) or ended refusing to,
 /// with what it wrote to stderr either way.
 fn started_or_refused(mut child: std::process::Child) -> (bool, String) {
