@@ -26,6 +26,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 pub enum LeaseError {
     #[error("run {} is held by {} (host {}, pid {}) until {}", .0.run_id, .0.holder, .0.host, .0.pid, .0.expires_at)]
     Held(Box<Lease>),
+    /// The checkpoint directory asked for is locked by another run's lease of this service:
+    /// two runs never share one.
+    #[error("checkpoint_dir {} is in use by run {} (held by {}): each run needs its own checkpoint directory", .checkpoint_dir.display(), .lease.run_id, .lease.holder)]
+    CheckpointInUse {
+        checkpoint_dir: PathBuf,
+        lease: Box<Lease>,
+    },
     #[error(transparent)]
     Locked(#[from] LockError),
     #[error("the lease presented does not hold run {run_id} (expired, released or taken over)")]
@@ -200,28 +207,36 @@ impl Leases {
     /// Another run's live lease of ours that holds one of `paths` (a checkpoint directory's
     /// lock, shared by two runs' requests): its `flock` would refuse the request, unless its
     /// file was replaced meanwhile, which must not let a second lease in beside it.
-    fn other_lease_on(&self, request: &LeaseRequest) -> Option<String> {
-        self.held()
-            .iter()
-            .find(|(run_id, h)| {
-                **run_id != request.run_id
-                    && h.lock
-                        .paths()
-                        .any(|held| request.lock_paths.iter().any(|p| p.as_path() == held))
-            })
-            .map(|(run_id, _)| run_id.clone())
+    /// Answers that run and the shared path.
+    fn other_lease_on(&self, request: &LeaseRequest) -> Option<(String, PathBuf)> {
+        self.held().iter().find_map(|(run_id, h)| {
+            if **run_id == request.run_id {
+                return None;
+            }
+            h.lock
+                .paths()
+                .find(|held| request.lock_paths.iter().any(|p| p.as_path() == *held))
+                .map(|shared| (run_id.clone(), shared.to_owned()))
+        })
     }
 
     /// Refuses a request whose lock files another run's lease of ours holds (see
-    /// [`Self::other_lease_on`]), naming that lease.
+    /// [`Self::other_lease_on`]), naming that lease and, for a checkpoint directory's lock,
+    /// the directory.
     async fn refuse_shared_locks(&self, request: &LeaseRequest) -> Result<(), LeaseError> {
-        let Some(other) = self.other_lease_on(request) else {
+        let Some((other, shared)) = self.other_lease_on(request) else {
             return Ok(());
         };
-        match self.store.get_lease(&other).await? {
-            Some(lease) => Err(LeaseError::Held(Box::new(lease))),
-            None => Ok(()),
+        let Some(lease) = self.store.get_lease(&other).await? else {
+            return Ok(());
+        };
+        if shared == request.run_lock() {
+            return Err(LeaseError::Held(Box::new(lease)));
         }
+        Err(LeaseError::CheckpointInUse {
+            checkpoint_dir: shared.parent().map(Path::to_path_buf).unwrap_or(shared),
+            lease: Box::new(lease),
+        })
     }
 
     /// Whether the run recorded for `output` has a live lease granted by another replica.

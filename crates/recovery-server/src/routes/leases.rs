@@ -112,6 +112,7 @@ async fn lease_request(
                     crate::error::ErrorCode::PathRefused,
                     format!("checkpoint_dir: {e}"),
                 )
+                .with_details(serde_json::json!({"field": "checkpoint_dir"}))
             })?;
         lock_paths.push(recovery_sidecar::paths::checkpoint_lock_path(&dir));
     }

@@ -2116,6 +2116,69 @@ async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_r
     assert_eq!(still.body["details"]["holder"]["holder"], "first");
 }
 
+/// A checkpoint directory held (by another run's lease, or by a Python collector) refuses a
+/// lease naming `checkpoint_dir`, not the run asked for; the run's own lock is left free.
+#[tokio::test]
+async fn a_lease_refused_for_its_checkpoint_directory_names_checkpoint_dir() {
+    let app = TestApp::new().await;
+    let first = app.create().await;
+    let mut body = app.create_body();
+    body["output_path"] = json!(app.root.join("exp/second.jsonl"));
+    let created = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    let second = created.body["run_id"].as_str().expect("run id").to_owned();
+    std::fs::create_dir_all(app.root.join("ck/shared")).expect("checkpoints");
+    std::fs::create_dir_all(app.root.join("ck/python")).expect("checkpoints");
+    let lease = |dir: &str| json!({"holder": "h2", "host": "h", "pid": 1, "checkpoint_dir": dir});
+    let granted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{first}/lease"),
+            Some(COLLECTOR),
+            Some(lease("ck/shared")),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let _python = PythonLock::hold(&app.root.join("ck/python/.collector.lock"));
+    for (case, dir, names) in [
+        ("another run's lease", "ck/shared", first.as_str()),
+        ("a Python collector", "ck/python", "another collector"),
+    ] {
+        let refused = app
+            .call(
+                Method::POST,
+                &format!("/runs/{second}/lease"),
+                Some(COLLECTOR),
+                Some(lease(dir)),
+            )
+            .await;
+        assert_eq!(
+            (refused.status, refused.body["code"].as_str()),
+            (StatusCode::LOCKED, Some("run_locked")),
+            "{case}: {}",
+            refused.body
+        );
+        assert_eq!(
+            refused.body["details"]["field"], "checkpoint_dir",
+            "{case}: {}",
+            refused.body
+        );
+        let message = refused.body["message"].as_str().expect("message");
+        assert!(
+            message.starts_with("checkpoint_dir ")
+                && message.contains(dir)
+                && message.contains(names),
+            "{case}: {message}"
+        );
+        assert!(
+            python_can_lock(&app.root.join("exp/second_run.lock")),
+            "{case}: the second run's own lock is not kept"
+        );
+    }
+}
+
 /// Concurrent validations that all find the lease's lock file removed (nobody holding the new
 /// one) take the new file for the lease once: one audit entry, whichever of them got there
 /// first; the lease's holder is answered, everyone else is refused as before, and no other
