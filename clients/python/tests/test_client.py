@@ -6,6 +6,7 @@ import copy
 import queue
 import threading
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from rollout_recovery_client import (
     Manifest,
     Plan,
     RecoveryClient,
+    RetryPolicy,
     RunCreated,
     RunView,
 )
@@ -329,6 +331,55 @@ def test_drift_pages_filters_and_iterator(
     for bad in bad_intervals:
         with pytest.raises(ValueError, match="interval"):
             client.follow_drift(interval=bad)
+
+
+def test_bad_arguments_are_refused_before_any_request() -> None:
+    # Nothing listens on port 1: an argument that reached the network would raise
+    # RecoveryConnectionError instead of the error asserted.
+    client = RecoveryClient("http://127.0.0.1:1", retry=RetryPolicy(max_attempts=1))
+    naive = datetime(2026, 1, 1)
+    cases: list[tuple[str, type[Exception], str, Callable[[], object]]] = [
+        (
+            "one string of ids",
+            TypeError,
+            "rollout_ids",
+            lambda: client.reserve_attempts("r", "l", "0-0"),
+        ),
+        ("an empty run id", ValueError, "run_id", lambda: client.get_run("")),
+        ("an empty run id to drift", ValueError, "run_id", lambda: client.drift(run_id="")),
+        ("a run id that is no string", TypeError, "run_id", lambda: client.plan(7)),  # type: ignore[arg-type]
+        (
+            "an empty approval id",
+            ValueError,
+            "approval_id",
+            lambda: client.revoke_approval("r", ""),
+        ),
+        ("a limit of 0", ValueError, "limit", lambda: client.drift(limit=0)),
+        ("a limit that is a bool", ValueError, "limit", lambda: client.drift(limit=True)),
+        ("a naive datetime", ValueError, "from_", lambda: client.drift(from_=naive)),
+        ("a naive upper bound", ValueError, "to", lambda: list(client.iter_drift(to=naive))),
+        ("a naive bound to follow", ValueError, "from_", lambda: client.follow_drift(from_=naive)),
+        ("a time of another type", TypeError, "from_", lambda: client.drift(from_=1.5)),  # type: ignore[arg-type]
+    ]
+    for case, error, name, call in cases:
+        with pytest.raises(error, match=name):
+            call()
+        assert case
+
+
+def test_drift_takes_aware_datetimes(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run()
+    tree = copy.deepcopy(spec.global_config)
+    tree["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = 8011
+    event_id = client.validate(spec.run_id, spec.config, tree, spec.source).drift_event_id
+    [event] = client.drift(run_id=spec.run_id).events
+    assert event.event_id == event_id
+    at = datetime.fromisoformat(event.at.replace("Z", "+00:00"))
+    later = at.astimezone(timezone(timedelta(hours=5)))
+    assert [e.event_id for e in client.drift(run_id=spec.run_id, from_=later).events] == [event_id]
+    assert client.drift(run_id=spec.run_id, to=later).events == []
 
 
 def test_a_drift_follower_outlives_a_restart_and_resumes_from_its_cursor(tmp_path: Path) -> None:

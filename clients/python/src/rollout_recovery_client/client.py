@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -62,11 +63,28 @@ def _positive_int(name: str, value: int) -> int:
     return value
 
 
-def _segment(value: str) -> str:
-    """A path segment, percent-encoded (ids come from the service, but never trust a path)."""
+def _segment(value: str, name: str = "run_id") -> str:
+    """A path segment, percent-encoded (ids come from the service, but never trust a path);
+    an empty one (which would name another route) is refused with ``ValueError``."""
     from urllib.parse import quote
 
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: {value!r} is not a string")
+    if not value:
+        raise ValueError(f"{name}: must not be empty")
     return quote(value, safe="")
+
+
+def _time(name: str, value: str | datetime | None) -> str | None:
+    """A drift time bound as the service reads it (RFC 3339): a string as given, a datetime
+    with its offset; a naive datetime is refused (its zone would be a guess)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"{name}: {value!r} has no time zone (use tzinfo=timezone.utc)")
+        return value.isoformat()
+    raise TypeError(f"{name}: {value!r} is neither an RFC 3339 string nor a datetime")
 
 
 class RecoveryClient:
@@ -557,6 +575,9 @@ class RecoveryClient:
     ) -> dict[str, int]:
         """Durably reserve the next execution number of each rollout before dispatch (lease
         holder): rollout id -> execution number."""
+        if isinstance(rollout_ids, (str, bytes)):
+            # A string is a sequence of characters: never reserve "0", "-", "0" for "0-0".
+            raise TypeError("rollout_ids: a list of rollout ids, not one string")
         data = self._object(
             "POST",
             f"/runs/{_segment(run_id)}/attempts/reserve",
@@ -625,7 +646,7 @@ class RecoveryClient:
         """Close a re-judgment once its outcome (``graded``, ``failed``, ...) is saved."""
         self._send(
             "POST",
-            f"/runs/{_segment(run_id)}/rejudgments/{_segment(operation_id)}/close",
+            f"/runs/{_segment(run_id)}/rejudgments/{_segment(operation_id, 'operation_id')}/close",
             json={"lease_id": lease_id, "outcome": outcome},
             secret=lease_id,
         )
@@ -688,8 +709,8 @@ class RecoveryClient:
         self,
         *,
         run_id: str | None = None,
-        from_: str | None = None,
-        to: str | None = None,
+        from_: str | datetime | None = None,
+        to: str | datetime | None = None,
         key: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
@@ -700,10 +721,10 @@ class RecoveryClient:
         drifted ``key``. ``order="recorded"`` pages in the order the service recorded them and
         answers a ``follow_cursor`` (see ``drift_since``)."""
         params = {
-            "from": from_,
-            "to": to,
+            "from": _time("from_", from_),
+            "to": _time("to", to),
             "key": key,
-            "limit": limit,
+            "limit": None if limit is None else _positive_int("limit", limit),
             "cursor": cursor,
             "order": order,
         }
@@ -717,8 +738,8 @@ class RecoveryClient:
         self,
         *,
         run_id: str | None = None,
-        from_: str | None = None,
-        to: str | None = None,
+        from_: str | datetime | None = None,
+        to: str | datetime | None = None,
         key: str | None = None,
         page_size: int | None = None,
     ) -> Iterator[DriftEvent]:
@@ -738,8 +759,8 @@ class RecoveryClient:
         cursor: str | None = None,
         *,
         run_id: str | None = None,
-        from_: str | None = None,
-        to: str | None = None,
+        from_: str | datetime | None = None,
+        to: str | datetime | None = None,
         key: str | None = None,
         page_size: int | None = None,
         max_events: int | None = None,
@@ -779,8 +800,8 @@ class RecoveryClient:
         *,
         interval: float = 2.0,
         run_id: str | None = None,
-        from_: str | None = None,
-        to: str | None = None,
+        from_: str | datetime | None = None,
+        to: str | datetime | None = None,
         key: str | None = None,
     ) -> DriftFollower:
         """Every matching drift event, then each one recorded later, as it is recorded: an
@@ -799,7 +820,13 @@ class RecoveryClient:
             self,
             cursor,
             interval=float(interval),
-            filters={"run_id": run_id, "from_": from_, "to": to, "key": key},
+            # Checked now, not at the first page.
+            filters={
+                "run_id": run_id,
+                "from_": _time("from_", from_),
+                "to": _time("to", to),
+                "key": key,
+            },
         )
 
     # -- approvals ----------------------------------------------------------------------
@@ -837,7 +864,9 @@ class RecoveryClient:
     def revoke_approval(self, run_id: str, approval_id: str) -> None:
         """Revoke an approval before an attempt uses it (operator; ``ConflictError`` when it
         was used or revoked already)."""
-        self._send("DELETE", f"/runs/{_segment(run_id)}/approvals/{_segment(approval_id)}")
+        self._send(
+            "DELETE", f"/runs/{_segment(run_id)}/approvals/{_segment(approval_id, 'approval_id')}"
+        )
 
 
 class DriftFollower(Iterator[DriftEvent]):
