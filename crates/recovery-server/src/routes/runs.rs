@@ -147,7 +147,13 @@ pub async fn create_run(
     }
     let paths = state
         .registry
-        .paths_for(FsPath::new(&request.output_path))?;
+        .paths_for(FsPath::new(&request.output_path))
+        .map_err(|e| match e {
+            recovery_runs::RegistryError::Path(e) => {
+                ApiError::new(ErrorCode::PathRefused, format!("output_path: {e}"))
+            }
+            other => other.into(),
+        })?;
     let new_run = NewRun {
         source: confined_file(&state, &request.source_path, "source_path")?,
         config: request.config,
@@ -321,6 +327,9 @@ async fn validate_inner(
 ) -> ApiResult<ValidateResponse> {
     let run_id = event.run_id.clone().unwrap_or_default();
     let lease_id = request.lease_id;
+    // What the body alone refuses is answered before the lease is looked at: a caller
+    // without the lease learns what to fix, not only that the run is held.
+    let source = confined_path(state, &request.source_path, "source_path")?;
     state
         .check_lease(paths, &run_id, lease_id.as_deref())
         .await?;
@@ -331,7 +340,7 @@ async fn validate_inner(
         environment: request.environment,
         // A source that is gone is the decision's to answer (refused, or overridden with
         // allow_unsafe: facts §17 scenario 31).
-        source: confined_path(state, &request.source_path, "source_path")?,
+        source,
         rows: request.rows,
         allow_unsafe: request.allow_unsafe,
     };

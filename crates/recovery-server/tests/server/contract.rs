@@ -488,6 +488,66 @@ async fn refusals_of_their_own_kind_name_their_field() {
         assert_eq!(reply.body["code"], code, "{}", reply.body);
         assert_eq!(reply.body["details"]["field"], field, "{}", reply.body);
     }
+    // An output outside the roots, or climbing out of them, is named as output_path.
+    for output in [
+        "/etc/elsewhere.jsonl",
+        "../escape.jsonl",
+        "exp/../../escape.jsonl",
+    ] {
+        let mut body = app.create_body();
+        body["output_path"] = json!(output);
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
+        assert_eq!(reply.body["details"]["field"], "output_path", "{output}");
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("output_path: ")),
+            "{output}: {}",
+            reply.body
+        );
+    }
+}
+
+/// A body the service refuses on its own is refused as such while another client holds the
+/// run's lease: the caller learns what to fix (the source path), not only that the run is held.
+#[tokio::test]
+async fn a_bad_validate_body_is_named_before_the_lease_is_looked_at() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let granted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"holder": "c", "host": "h", "pid": 1})),
+        )
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let mut outside = app.validate_body(0.3, 8000);
+    outside["source_path"] = json!("/etc/passwd");
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(outside),
+        )
+        .await;
+    assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
+    assert_eq!(reply.body["details"]["field"], "source_path");
+    // A good body from the same caller is refused for the lease.
+    let held = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_code(&held, StatusCode::LOCKED, "run_locked");
 }
 
 /// A row the digest refuses (a lone surrogate, which CPython cannot encode either) is named by
