@@ -23,7 +23,7 @@ use recovery_core::verdict::{
 use recovery_sidecar::SidecarPaths;
 use recovery_store::{Approval, AttemptExtension, AuditEntry, Rejudgment, Resubmit, StoreError};
 use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
@@ -400,11 +400,15 @@ impl Registry {
         rollout_ids: &[String],
         default_cap: u64,
     ) -> Result<BTreeMap<String, i64>, OpError> {
-        let mut seen = BTreeSet::new();
-        if let Some(twice) = rollout_ids.iter().find(|id| !seen.insert(*id)) {
-            return Err(OpError::Invalid(format!(
-                "rollout_ids: {twice} is listed twice"
-            )));
+        // Each id is named by its place in the list (`rollout_ids[3]`), quoted: an empty or
+        // odd one stays visible.
+        let mut first_at: HashMap<&str, usize> = HashMap::new();
+        for (i, id) in rollout_ids.iter().enumerate() {
+            if let Some(first) = first_at.insert(id, i) {
+                return Err(OpError::Invalid(format!(
+                    "rollout_ids[{i}]: {id:?} is listed twice (first at rollout_ids[{first}])"
+                )));
+            }
         }
         let ids = rollout_ids.to_vec();
         let (mut manifest, found) = self
@@ -417,10 +421,10 @@ impl Registry {
             .await?;
         let mut entries: HashMap<&str, PlanEntry> = HashMap::new();
         let mut attempts = BTreeMap::new();
-        for (id, entry) in rollout_ids.iter().zip(found) {
+        for (i, (id, entry)) in rollout_ids.iter().zip(found).enumerate() {
             let entry = entry.ok_or_else(|| {
                 OpError::Invalid(format!(
-                    "rollout_ids: {id} is not in this run's materialized inputs"
+                    "rollout_ids[{i}]: {id:?} is not in this run's materialized inputs"
                 ))
             })?;
             let attempt = manifest

@@ -591,19 +591,27 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
             ApiError::invalid_field(&path, format!("{path}: malformed JSON: {inner}"))
         } else if path == "." {
             // A missing or unknown field is named only by serde's message.
-            let message = format!("body: {inner}");
-            match named_field(&inner.to_string()) {
-                Some(field) => ApiError::invalid_field(&field, message),
-                None => ApiError::invalid(message),
+            let said = without_position(&inner);
+            match named_field(&said) {
+                Some(field) => ApiError::invalid_field(&field, format!("{field}: {said}")),
+                None => ApiError::invalid(format!("body: {said}")),
             }
         } else {
-            ApiError::invalid_field(&path, format!("body: {path}: {inner}"))
+            // The field first, as every other refusal of a field says it.
+            ApiError::invalid_field(&path, format!("{path}: {}", without_position(&inner)))
         }
     })?;
     deserializer
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// serde's message without its ` at line 1 column 63`: the field it names says where.
+fn without_position(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let position = format!(" at line {} column {}", error.line(), error.column());
+    text.strip_suffix(&position).unwrap_or(&text).to_owned()
 }
 
 /// `Query<T>` whose rejections answer in the API error shape.

@@ -1086,15 +1086,36 @@ async fn attempts_are_extended_resubmitted_and_reserved_only_by_their_owners() {
         (no_lease.status, no_lease.body["code"].as_str()),
         (StatusCode::CONFLICT, Some("lease_not_held"))
     );
-    let unknown = app
-        .call(
-            Method::POST,
-            &format!("/runs/{run_id}/attempts/reserve"),
-            Some(COLLECTOR),
-            Some(json!({"lease_id": lease, "rollout_ids": ["9-9"]})),
-        )
-        .await;
-    assert_eq!(unknown.status, StatusCode::UNPROCESSABLE_ENTITY);
+    // A refused id is named by its place in the list, quoted (an empty one too).
+    for (ids, field, said) in [
+        (json!(["1-0", "9-9"]), "rollout_ids[1]", "\"9-9\" is not in"),
+        (json!(["1-0", ""]), "rollout_ids[1]", "\"\" is not in"),
+        (
+            json!(["1-0", "0-0", "1-0"]),
+            "rollout_ids[2]",
+            "\"1-0\" is listed twice (first at rollout_ids[0])",
+        ),
+    ] {
+        let refused = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/attempts/reserve"),
+                Some(COLLECTOR),
+                Some(json!({"lease_id": lease, "rollout_ids": ids})),
+            )
+            .await;
+        assert_eq!(
+            (refused.status, refused.body["details"]["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(field)),
+            "{}",
+            refused.body
+        );
+        let message = refused.body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("{field}: ")) && message.contains(said),
+            "{message}"
+        );
+    }
     let next = app
         .call(
             Method::POST,
