@@ -420,7 +420,7 @@ pub struct DriftArgs {
     #[command(flatten)]
     client: ClientArgs,
     /// Only this run's events (a run id that is no run is refused).
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     run: Option<String>,
     /// Only events whose operational drift includes this dotted key.
     #[arg(long)]
@@ -442,7 +442,8 @@ pub struct DriftArgs {
     #[arg(long)]
     order: Option<String>,
     /// Follow: print each matching event as one JSON line in the order the service records
-    /// them, every one exactly once, and keep asking for new ones until interrupted.
+    /// them, each once while the command runs, and keep asking for new ones until interrupted
+    /// (across restarts see `--state`).
     #[arg(long, conflicts_with = "order")]
     follow: bool,
     /// Seconds between asks when following and nothing new is waiting.
@@ -525,6 +526,8 @@ async fn follow_drift(
 ) -> anyhow::Result<()> {
     use std::io::Write as _;
     query.push(("order", "recorded".into()));
+    // A cursor read from the state file: a refusal of it names the file and how to recover.
+    let mut from_state = args.cursor.is_none() && args.state.is_some();
     let mut cursor = match (&args.cursor, &args.state) {
         (Some(cursor), _) => Some(cursor.clone()),
         (None, Some(state)) => match std::fs::read_to_string(state) {
@@ -569,7 +572,18 @@ async fn follow_drift(
                 }
             );
         }
-        let page = answer(response).await?;
+        let refused_state = from_state && response.status().is_client_error();
+        let page = match (answer(response).await, &args.state) {
+            (Ok(page), _) => page,
+            (Err(refusal), Some(state)) if refused_state => bail!(
+                "{refusal}; the cursor {:?} was read from --state {}: remove that file (or empty \
+                 it) to follow from the first event",
+                cursor.as_deref().unwrap_or_default(),
+                state.display()
+            ),
+            (Err(refusal), _) => return Err(refusal),
+        };
+        from_state = false;
         let mut stdout = std::io::stdout().lock();
         for event in page["events"].as_array().into_iter().flatten() {
             writeln!(stdout, "{}", serde_json::to_string(event)?)?;

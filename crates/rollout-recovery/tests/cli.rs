@@ -994,6 +994,45 @@ fn a_follow_state_file_that_cannot_be_written_is_refused_at_once() {
     );
 }
 
+/// A follow state file holding what is no cursor (hand-edited, another program's file) is
+/// refused naming the file and how to recover, and an empty `--run` is refused before anything
+/// is asked (it named another route).
+#[tokio::test]
+async fn a_follow_state_that_is_no_cursor_and_an_empty_run_are_refused_naming_them() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let state = dir.path().join("follow.cursor");
+    std::fs::write(&state, "not a cursor\n").expect("state");
+    let follower = Command::new(BIN)
+        .args(["drift", "--url", &server.url, "--follow", "--state"])
+        .arg(&state)
+        .env("RR_TOKEN", VIEWER)
+        .output()
+        .expect("follower");
+    let stderr = String::from_utf8_lossy(&follower.stderr);
+    assert!(
+        !follower.status.success()
+            && stderr.contains(&state.display().to_string())
+            && stderr.contains("remove that file")
+            && follower.stdout.is_empty(),
+        "{stderr}"
+    );
+    // No service listens on port 9: an empty run that reached the network would retry or fail
+    // otherwise.
+    let empty = Command::new(BIN)
+        .args(["drift", "--url", "http://127.0.0.1:9", "--run", ""])
+        .env("RR_TOKEN", VIEWER)
+        .output()
+        .expect("drift");
+    let stderr = String::from_utf8_lossy(&empty.stderr);
+    assert!(
+        !empty.status.success() && stderr.contains("--run") && !stderr.contains("127.0.0.1:9"),
+        "{stderr}"
+    );
+    assert!(server.terminate().success());
+}
+
 /// A lease whose run lock another process (a collector that did not wait) took while the
 /// service was down is ended when the service starts again, audited, and never reported live:
 /// asking who holds the run says another process does.
