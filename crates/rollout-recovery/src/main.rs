@@ -36,7 +36,8 @@ enum Command {
         #[arg(default_value = "openapi/openapi.json")]
         path: PathBuf,
     },
-    /// Validate a resume offline against the files beside an output (exit 1 when refused).
+    /// Validate a resume offline against the files beside an output (exit 1 when refused); it
+    /// reads the files and writes nothing.
     Validate(offline::ValidateArgs),
     /// Print the resume plan of an output (exit 0 complete; 75, 1 or 76 like IncompleteEvaluationError).
     Plan(offline::PlanArgs),
@@ -117,7 +118,14 @@ fn env_max_attempts() -> u64 {
 
 fn init_logging(json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+        // The PostgreSQL driver warns of a URL parameter it ignores with its value, which may
+        // be a password (the store refuses such URLs first; this holds whatever RR_LOG says).
+        .add_directive(
+            "sqlx_postgres::options::parse=error"
+                .parse()
+                .expect("static directive"),
+        );
     // Colours only for a terminal: a log file or journal gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -158,8 +158,9 @@ pub struct ValidateArgs {
     /// The current configuration bundle.
     #[arg(long)]
     bundle: PathBuf,
-    /// Accept a semantic change anyway (the escape hatch for legacy artifacts or a deliberate
-    /// override); the manifest is marked overridden for good.
+    /// Answer as a resume with `allow_unsafe` would: a semantic change is accepted (outcome
+    /// `overridden`). This offline check writes nothing: the service's validate is what marks
+    /// the manifest overridden for good and journals drift.
     #[arg(long)]
     allow_unsafe: bool,
     #[command(flatten)]
@@ -354,6 +355,23 @@ pub struct ClientArgs {
 }
 
 impl ClientArgs {
+    /// The URL of an endpoint under `--url`, each segment percent-encoded (a run id such as
+    /// `../reindex#` stays one segment). A `--url` carrying credentials is refused without
+    /// echoing it: they would be sent instead of the token, and printed with every error.
+    fn endpoint(&self, segments: &[&str]) -> anyhow::Result<reqwest::Url> {
+        let mut url = reqwest::Url::parse(self.url.trim_end_matches('/'))
+            .map_err(|e| anyhow::anyhow!("--url: not a URL ({e})"))?;
+        if !url.username().is_empty() || url.password().is_some() {
+            bail!(
+                "--url: credentials in the URL are not used; pass the token as RR_TOKEN or --token"
+            );
+        }
+        url.path_segments_mut()
+            .map_err(|()| anyhow::anyhow!("--url {:?} cannot hold a path", self.url))?
+            .extend(segments);
+        Ok(url)
+    }
+
     fn request(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         match &self.token {
             Some(token) => builder.bearer_auth(token),
@@ -380,7 +398,7 @@ pub struct ApproveArgs {
     #[command(flatten)]
     client: ClientArgs,
     /// The run's id.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::builder::NonEmptyStringValueParser::new())]
     run: String,
     /// The masked attempt's task index (`_ng_task_index`).
     #[arg(long)]
@@ -398,11 +416,7 @@ pub struct ApproveArgs {
 
 pub async fn approve(args: ApproveArgs) -> anyhow::Result<()> {
     let http = reqwest::Client::new();
-    let url = format!(
-        "{}/runs/{}/approvals",
-        args.client.url.trim_end_matches('/'),
-        args.run
-    );
+    let url = args.client.endpoint(&["runs", &args.run, "approvals"])?;
     let body = json!({"task_index": args.task, "rollout_index": args.rollout, "attempt_index": args.attempt, "reason": args.reason});
     let approval = answer(
         args.client
@@ -479,18 +493,11 @@ pub async fn drift(args: DriftArgs) -> anyhow::Result<()> {
         }
     }
     // A run's own list, so that a run id that is no run answers 404 instead of nothing.
-    let mut url = reqwest::Url::parse(args.client.url.trim_end_matches('/'))
-        .with_context(|| format!("--url {:?}", args.client.url))?;
-    {
-        let mut path = url
-            .path_segments_mut()
-            .map_err(|()| anyhow::anyhow!("--url {:?} cannot hold a path", args.client.url))?;
-        match &args.run {
-            Some(run) => path.extend(["runs", run, "drift"]),
-            None => path.push("drift"),
-        };
+    let url = match &args.run {
+        Some(run) => args.client.endpoint(&["runs", run, "drift"])?,
+        None => args.client.endpoint(&["drift"])?,
     }
-    let url = url.to_string();
+    .to_string();
     if args.follow {
         return follow_drift(&args, &http, &url, query).await;
     }

@@ -702,6 +702,11 @@ fn a_database_password_is_never_logged() {
             "cannot connect to the database",
         ),
         (
+            "as a parameter spelt otherwise (the driver would log it)",
+            format!("postgres://127.0.0.1:{port}/test?user=collector&PASSWORD=DBSECRET"),
+            "unknown query parameter `PASSWORD`",
+        ),
+        (
             "in a connection string",
             format!("host=127.0.0.1 port={port} user=collector password=DBSECRET"),
             "unsupported database URL",
@@ -1030,6 +1035,60 @@ async fn a_follow_state_that_is_no_cursor_and_an_empty_run_are_refused_naming_th
         !empty.status.success() && stderr.contains("--run") && !stderr.contains("127.0.0.1:9"),
         "{stderr}"
     );
+    assert!(server.terminate().success());
+}
+
+/// The CLI's HTTP commands keep a run id one path segment (`approve --run ../reindex#` asked
+/// POST /reindex and printed its report), refuse an empty one before asking, and refuse a
+/// `--url` with credentials without printing them (`drift --follow` printed them with every
+/// retry, and they replaced the token).
+#[tokio::test]
+async fn run_ids_stay_one_path_segment_and_url_credentials_are_refused_unprinted() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let approve = |run: &str, url: &str| {
+        Command::new(BIN)
+            .args(["approve", "--url", url, "--run", run])
+            .args([
+                "--task",
+                "0",
+                "--rollout",
+                "0",
+                "--attempt",
+                "0",
+                "--reason",
+                "x",
+            ])
+            .env("RR_TOKEN", OPERATOR)
+            .output()
+            .expect("approve")
+    };
+    let climbing = approve("../reindex#", &server.url);
+    let stderr = String::from_utf8_lossy(&climbing.stderr);
+    assert!(
+        !climbing.status.success() && stderr.contains("not_found") && climbing.stdout.is_empty(),
+        "{stderr}"
+    );
+    let empty = approve("", &server.url);
+    assert!(!empty.status.success() && String::from_utf8_lossy(&empty.stderr).contains("--run"));
+    let with_credentials = server.url.replace("http://", "http://user:URLPASS@");
+    for output in [
+        approve("r", &with_credentials),
+        Command::new(BIN)
+            .args(["drift", "--follow", "--url", &with_credentials])
+            .env("RR_TOKEN", VIEWER)
+            .output()
+            .expect("drift"),
+    ] {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success()
+                && stderr.contains("--url: credentials")
+                && !stderr.contains("URLPASS"),
+            "{stderr}"
+        );
+    }
     assert!(server.terminate().success());
 }
 
