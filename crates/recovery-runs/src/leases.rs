@@ -28,7 +28,7 @@ pub enum LeaseError {
     Held(Box<Lease>),
     /// The checkpoint directory asked for is locked by another run's lease of this service:
     /// two runs never share one.
-    #[error("checkpoint_dir {} is in use by run {} (held by {}): each run needs its own checkpoint directory", .checkpoint_dir.display(), .lease.run_id, .lease.holder)]
+    #[error("checkpoint_dir {}: Another collector owns this checkpoint directory (run {}, held by {}); each run needs its own checkpoint directory", .checkpoint_dir.display(), .lease.run_id, .lease.holder)]
     CheckpointInUse {
         checkpoint_dir: PathBuf,
         lease: Box<Lease>,

@@ -391,7 +391,7 @@ impl From<recovery_runs::LeaseError> for ApiError {
                 Self::new(
                     ErrorCode::RunLocked,
                     format!(
-                        "checkpoint_dir {dir} is locked by another collector: wait for it to stop, or give this run its own checkpoint directory"
+                        "checkpoint_dir {dir}: Another collector owns this checkpoint directory. Wait for it to stop, or give this run its own checkpoint directory."
                     ),
                 )
                 .with_details(serde_json::json!({"field": "checkpoint_dir"}))

@@ -80,6 +80,11 @@ pub struct RunCreated {
 }
 
 /// A path confined under the roots (it may not exist).
+/// A configuration of the wrong JSON type is a malformed request, as any wrong-typed field.
+fn not_an_object(field: &str) -> ApiError {
+    ApiError::invalid_field(field, format!("{field}: must be a JSON object"))
+}
+
 fn confined_path(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
     state
         .registry
@@ -115,6 +120,14 @@ pub async fn create_run(
     caller.require(Role::Collector)?;
     if request.replace {
         caller.require(Role::Operator)?;
+    }
+    for (field, value) in [
+        ("config", &request.config),
+        ("global_config", &request.global_config),
+    ] {
+        if !value.is_object() {
+            return Err(not_an_object(field));
+        }
     }
     if request
         .max_rollout_attempts
@@ -329,6 +342,15 @@ async fn validate_inner(
     let lease_id = request.lease_id;
     // What the body alone refuses is answered before the lease is looked at: a caller
     // without the lease learns what to fix, not only that the run is held.
+    for (field, raw) in [
+        ("config", &request.config),
+        ("global_config", &request.global_config),
+    ] {
+        // Kept as raw text: its first character tells an object.
+        if !raw.get().trim_start().starts_with('{') {
+            return Err(not_an_object(field));
+        }
+    }
     let source = confined_path(state, &request.source_path, "source_path")?;
     state
         .check_lease(paths, &run_id, lease_id.as_deref())

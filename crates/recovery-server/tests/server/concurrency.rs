@@ -2144,7 +2144,7 @@ async fn a_lease_refused_for_its_checkpoint_directory_names_checkpoint_dir() {
     let _python = PythonLock::hold(&app.root.join("ck/python/.collector.lock"));
     for (case, dir, names) in [
         ("another run's lease", "ck/shared", first.as_str()),
-        ("a Python collector", "ck/python", "another collector"),
+        ("a Python collector", "ck/python", "Wait for it to stop"),
     ] {
         let refused = app
             .call(
@@ -2169,6 +2169,7 @@ async fn a_lease_refused_for_its_checkpoint_directory_names_checkpoint_dir() {
         assert!(
             message.starts_with("checkpoint_dir ")
                 && message.contains(dir)
+                && message.contains("Another collector owns")
                 && message.contains(names),
             "{case}: {message}"
         );

@@ -467,8 +467,9 @@ async fn refusals_of_the_whole_request_name_no_field() {
     );
 }
 
-/// Refusals with a code of their own name their field too: a source outside the roots
-/// (`path_refused`) and a configuration that is no mapping (`identity_error`).
+/// Refusals name their field whatever their code: a source outside the roots
+/// (`path_refused`) and a configuration that is no mapping (`invalid_request`, as any
+/// wrong-typed field).
 #[tokio::test]
 async fn refusals_of_their_own_kind_name_their_field() {
     let app = TestApp::new().await;
@@ -479,7 +480,7 @@ async fn refusals_of_their_own_kind_name_their_field() {
     not_a_mapping["config"] = json!(5);
     for (body, code, field) in [
         (outside, "path_refused", "source_path"),
-        (not_a_mapping, "identity_error", "config"),
+        (not_a_mapping, "invalid_request", "config"),
     ] {
         let reply = app
             .call(
@@ -490,6 +491,15 @@ async fn refusals_of_their_own_kind_name_their_field() {
             )
             .await;
         assert_eq!(reply.body["code"], code, "{}", reply.body);
+        assert_eq!(reply.body["details"]["field"], field, "{}", reply.body);
+    }
+    for (field, value) in [("config", json!([])), ("global_config", json!("x"))] {
+        let mut body = app.create_body();
+        body[field] = value;
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
         assert_eq!(reply.body["details"]["field"], field, "{}", reply.body);
     }
     // An output outside the roots, or climbing out of them, is named as output_path.
@@ -542,6 +552,18 @@ async fn a_bad_validate_body_is_named_before_the_lease_is_looked_at() {
         .await;
     assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "path_refused");
     assert_eq!(reply.body["details"]["field"], "source_path");
+    let mut not_a_mapping = app.validate_body(0.3, 8000);
+    not_a_mapping["config"] = json!("x");
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(not_a_mapping),
+        )
+        .await;
+    assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
+    assert_eq!(reply.body["details"]["field"], "config");
     // A good body from the same caller is refused for the lease.
     let held = app
         .call(
