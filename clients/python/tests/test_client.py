@@ -359,6 +359,24 @@ def test_bad_arguments_are_refused_before_any_request() -> None:
         ("a naive datetime", ValueError, "from_", lambda: client.drift(from_=naive)),
         ("a naive upper bound", ValueError, "to", lambda: list(client.iter_drift(to=naive))),
         ("a naive bound to follow", ValueError, "from_", lambda: client.follow_drift(from_=naive)),
+        (
+            "a page size of 0",
+            ValueError,
+            "page_size",
+            lambda: list(client.iter_plan("r", page_size=0)),
+        ),
+        (
+            "a page size of -1",
+            ValueError,
+            "page_size",
+            lambda: list(client.iter_runs(page_size=-1)),
+        ),
+        (
+            "a drift page size",
+            ValueError,
+            "page_size",
+            lambda: list(client.iter_drift(page_size=0)),
+        ),
         ("a time of another type", TypeError, "from_", lambda: client.drift(from_=1.5)),  # type: ignore[arg-type]
     ]
     for case, error, name, call in cases:

@@ -410,9 +410,10 @@ class RecoveryClient:
 
     def iter_runs(self, *, page_size: int | None = None) -> Iterator[RunRecord]:
         """Every run, newest first, across pages."""
+        size = None if page_size is None else _positive_int("page_size", page_size)
         cursor: str | None = None
         while True:
-            page = self.list_runs(limit=page_size, cursor=cursor)
+            page = self.list_runs(limit=size, cursor=cursor)
             yield from page.runs
             if page.next_cursor is None or not page.runs:
                 return
@@ -675,9 +676,10 @@ class RecoveryClient:
         self, run_id: str, *, state: str | None = None, page_size: int | None = None
     ) -> Iterator[PlanEntry]:
         """Every rollout of the plan (optionally of one ``state``), in inventory order."""
+        size = None if page_size is None else _positive_int("page_size", page_size)
         cursor: str | None = None
         while True:
-            page = self.plan(run_id, state=state, limit=page_size, cursor=cursor)
+            page = self.plan(run_id, state=state, limit=size, cursor=cursor)
             yield from page.entries
             if page.next_cursor is None or not page.entries:
                 return
@@ -744,11 +746,10 @@ class RecoveryClient:
         page_size: int | None = None,
     ) -> Iterator[DriftEvent]:
         """Every drift event matching the filters, following ``next_cursor`` across pages."""
+        size = None if page_size is None else _positive_int("page_size", page_size)
         cursor: str | None = None
         while True:
-            page = self.drift(
-                run_id=run_id, from_=from_, to=to, key=key, limit=page_size, cursor=cursor
-            )
+            page = self.drift(run_id=run_id, from_=from_, to=to, key=key, limit=size, cursor=cursor)
             yield from page.events
             if page.next_cursor is None or not page.events:
                 return
