@@ -33,6 +33,10 @@ pub enum LeaseError {
         checkpoint_dir: PathBuf,
         lease: Box<Lease>,
     },
+    /// The checkpoint directory asked for is locked by a process outside this service (a
+    /// Python collector).
+    #[error("checkpoint_dir {}: Another collector owns this checkpoint directory. Wait for it to stop, or give this run its own checkpoint directory.", .checkpoint_dir.display())]
+    CheckpointLocked { checkpoint_dir: PathBuf },
     #[error(transparent)]
     Locked(#[from] LockError),
     #[error("the lease presented does not hold run {run_id} (expired, released or taken over)")]
@@ -60,6 +64,11 @@ impl LeaseRequest {
     fn run_lock(&self) -> PathBuf {
         self.lock_paths.first().cloned().unwrap_or_default()
     }
+}
+
+/// The directory of a checkpoint lock file.
+fn directory_of(lock: PathBuf) -> PathBuf {
+    lock.parent().map(Path::to_path_buf).unwrap_or(lock)
 }
 
 /// What [`Leases::end_if_expired`] found.
@@ -234,9 +243,28 @@ impl Leases {
             return Err(LeaseError::Held(Box::new(lease)));
         }
         Err(LeaseError::CheckpointInUse {
-            checkpoint_dir: shared.parent().map(Path::to_path_buf).unwrap_or(shared),
+            checkpoint_dir: directory_of(shared),
             lease: Box::new(lease),
         })
+    }
+
+    /// Takes the request's lock files, once no other run's lease of ours holds one of them
+    /// ([`Self::refuse_shared_locks`]); a checkpoint lock another process holds is refused
+    /// naming the directory.
+    async fn take_locks(&self, request: &LeaseRequest) -> Result<RunLock, LeaseError> {
+        self.refuse_shared_locks(request).await?;
+        let paths = request.lock_paths.clone();
+        let taken = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
+            .await
+            .map_err(|e| LeaseError::Join(e.to_string()))?;
+        match taken {
+            Err(LockError::Owned(path)) if path != request.run_lock() => {
+                Err(LeaseError::CheckpointLocked {
+                    checkpoint_dir: directory_of(path),
+                })
+            }
+            taken => Ok(taken?),
+        }
     }
 
     /// Whether the run recorded for `output` has a live lease granted by another replica.
@@ -299,11 +327,7 @@ impl Leases {
                 }
             };
         }
-        self.refuse_shared_locks(request).await?;
-        let paths = request.lock_paths.clone();
-        let lock = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
-            .await
-            .map_err(|e| LeaseError::Join(e.to_string()))??;
+        let lock = self.take_locks(request).await?;
         let granted = self.store.try_acquire_lease(&lease, &now).await?;
         if granted.lease_id != lease.lease_id && !self.was_ours(&granted) {
             // Another replica's live lease, and its flock is free: that replica stopped, not
@@ -735,11 +759,7 @@ impl Leases {
         self.end_if_expired(&request.run_id).await?;
         let lease = self.lease_for(request, recovery_sidecar::new_id());
         if self.held_entry(&request.run_id).is_none() {
-            self.refuse_shared_locks(request).await?;
-            let paths = request.lock_paths.clone();
-            let lock = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
-                .await
-                .map_err(|e| LeaseError::Join(e.to_string()))??;
+            let lock = self.take_locks(request).await?;
             self.held().insert(
                 request.run_id.clone(),
                 Held {

@@ -382,19 +382,9 @@ impl From<recovery_runs::LeaseError> for ApiError {
                 Self::new(ErrorCode::RunLocked, error.to_string())
                     .with_details(serde_json::json!({"field": "checkpoint_dir", "holder": holder}))
             }
-            // Another process holds the checkpoint directory's lock (its file name tells it
-            // from the run lock, `<stem>_run.lock`).
-            LeaseError::Locked(recovery_sidecar::LockError::Owned(path))
-                if recovery_sidecar::paths::is_checkpoint_lock(&path) =>
-            {
-                let dir = path.parent().unwrap_or(&path).display().to_string();
-                Self::new(
-                    ErrorCode::RunLocked,
-                    format!(
-                        "checkpoint_dir {dir}: Another collector owns this checkpoint directory. Wait for it to stop, or give this run its own checkpoint directory."
-                    ),
-                )
-                .with_details(serde_json::json!({"field": "checkpoint_dir"}))
+            LeaseError::CheckpointLocked { .. } => {
+                Self::new(ErrorCode::RunLocked, error.to_string())
+                    .with_details(serde_json::json!({"field": "checkpoint_dir"}))
             }
             LeaseError::Locked(e) => lock_error(e),
             LeaseError::NotHolder { .. } => Self::new(ErrorCode::LeaseNotHeld, error.to_string()),

@@ -230,15 +230,8 @@ pub fn companion(path: &Path, suffix: &str) -> PathBuf {
 
 /// `<checkpoint_dir>/.collector.lock`.
 pub fn checkpoint_lock_path(checkpoint_dir: &Path) -> PathBuf {
-    checkpoint_dir.join(CHECKPOINT_LOCK)
+    checkpoint_dir.join(".collector.lock")
 }
-
-/// Whether `lock` is a checkpoint directory's lock (a run's lock is `<stem>_run.lock`).
-pub fn is_checkpoint_lock(lock: &Path) -> bool {
-    lock.file_name() == Some(std::ffi::OsStr::new(CHECKPOINT_LOCK))
-}
-
-const CHECKPOINT_LOCK: &str = ".collector.lock";
 
 /// The longest file name Linux file systems take.
 pub const NAME_MAX: usize = 255;

@@ -364,30 +364,30 @@ pub fn shown_database_url(url: &str) -> String {
         return "(a database URL that does not parse; not shown: it may hold a password)".into();
     };
     let hidden = "***";
+    let secret_params = parsed
+        .query_pairs()
+        .any(|(key, _)| is_credential_name(&key));
+    if parsed.password().is_none() && !secret_params {
+        // Nothing to hide: the URL as given (serializing would re-encode a path's spaces).
+        return url.to_owned();
+    }
     if parsed.password().is_some() {
         // Fails only for URLs that cannot have user info, which then have no password.
         let _ = parsed.set_password(Some(hidden));
     }
-    let secret_params = parsed
-        .query_pairs()
-        .any(|(key, _)| is_credential_name(&key));
     if secret_params {
         let pairs: Vec<(String, String)> = parsed
             .query_pairs()
             .map(|(key, value)| {
-                let value = if is_credential_name(&key) {
+                let shown = if is_credential_name(&key) {
                     hidden.to_owned()
                 } else {
                     value.into_owned()
                 };
-                (key.into_owned(), value)
+                (key.into_owned(), shown)
             })
             .collect();
         parsed.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    if parsed.password().is_none() && !secret_params {
-        // Nothing hidden: the URL as given (parsing would re-encode a path's spaces).
-        return url.to_owned();
     }
     parsed.to_string()
 }

@@ -79,12 +79,12 @@ pub struct RunCreated {
     pub replaced: Vec<String>,
 }
 
-/// A path confined under the roots (it may not exist).
 /// A configuration of the wrong JSON type is a malformed request, as any wrong-typed field.
 fn not_an_object(field: &str) -> ApiError {
     ApiError::invalid_field(field, format!("{field}: must be a JSON object"))
 }
 
+/// A path confined under the roots (it may not exist).
 fn confined_path(state: &AppState, path: &str, field: &str) -> ApiResult<std::path::PathBuf> {
     state
         .registry
