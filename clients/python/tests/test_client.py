@@ -380,9 +380,9 @@ def test_bad_arguments_are_refused_before_any_request() -> None:
         ("a time of another type", TypeError, "from_", lambda: client.drift(from_=1.5)),  # type: ignore[arg-type]
     ]
     for case, error, name, call in cases:
-        with pytest.raises(error, match=name):
+        with pytest.raises(error) as refused:
             call()
-        assert case
+        assert name in str(refused.value), f"{case}: {refused.value}"
 
 
 def test_drift_takes_aware_datetimes(

@@ -2057,12 +2057,8 @@ async fn a_lease_whose_lock_file_was_replaced_ends_and_the_new_owner_keeps_the_r
     }
 }
 
-/// Two runs sharing a checkpoint directory: with its `.collector.lock` removed under the first
-/// run's lease, the second run's lease is refused (the first lease holds the directory), before
-/// and after the first lease's next use took the new lock file for it; the first lease goes on.
-#[tokio::test]
-async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_run() {
-    let app = TestApp::new().await;
+/// Two runs of `app`, on `exp/out.jsonl` and `exp/second.jsonl`.
+async fn two_runs(app: &TestApp) -> (String, String) {
     let first = app.create().await;
     let mut body = app.create_body();
     body["output_path"] = json!(app.root.join("exp/second.jsonl"));
@@ -2071,6 +2067,16 @@ async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_r
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
     let second = created.body["run_id"].as_str().expect("run id").to_owned();
+    (first, second)
+}
+
+/// Two runs sharing a checkpoint directory: with its `.collector.lock` removed under the first
+/// run's lease, the second run's lease is refused (the first lease holds the directory), before
+/// and after the first lease's next use took the new lock file for it; the first lease goes on.
+#[tokio::test]
+async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_run() {
+    let app = TestApp::new().await;
+    let (first, second) = two_runs(&app).await;
     std::fs::create_dir_all(app.root.join("ck/shared")).expect("checkpoints");
     let lease = |holder: &str| json!({"holder": holder, "host": "h", "pid": 1, "checkpoint_dir": "ck/shared", "ttl_seconds": 600});
     let granted = app
@@ -2121,14 +2127,7 @@ async fn a_checkpoint_lock_replaced_under_a_lease_is_never_granted_to_a_second_r
 #[tokio::test]
 async fn a_lease_refused_for_its_checkpoint_directory_names_checkpoint_dir() {
     let app = TestApp::new().await;
-    let first = app.create().await;
-    let mut body = app.create_body();
-    body["output_path"] = json!(app.root.join("exp/second.jsonl"));
-    let created = app
-        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
-        .await;
-    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
-    let second = created.body["run_id"].as_str().expect("run id").to_owned();
+    let (first, second) = two_runs(&app).await;
     std::fs::create_dir_all(app.root.join("ck/shared")).expect("checkpoints");
     std::fs::create_dir_all(app.root.join("ck/python")).expect("checkpoints");
     let lease = |dir: &str| json!({"holder": "h2", "host": "h", "pid": 1, "checkpoint_dir": dir});
