@@ -552,6 +552,63 @@ async fn a_follower_of_the_recorded_order_sees_every_event_once_while_writers_co
     .await;
 }
 
+#[tokio::test]
+async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_the_order_given() {
+    with_each_backend(|store| async move {
+        let drift = |id: &str, second: u32| DriftEvent {
+            event_id: id.into(),
+            run_id: "r1".into(),
+            at: time(second),
+            saved_config_digest: "c".into(),
+            current_config_digest: "d".into(),
+            operational_keys: vec!["servers.a.port".into()],
+        };
+        let known = drift("known", 30);
+        assert_eq!(
+            store
+                .insert_drift_events(&[known.clone()])
+                .await
+                .expect("known"),
+            1
+        );
+        let head = |store: Store| async move {
+            store
+                .follow_drift(&DriftFollow {
+                    limit: 1,
+                    ..Default::default()
+                })
+                .await
+                .expect("head")
+                .head
+        };
+        let before = head(store.clone()).await;
+        // Later in time first: the recorded order is the order given, not the time order.
+        let batch = [
+            drift("late", 50),
+            known,
+            drift("early", 10),
+            drift("late", 50),
+        ];
+        assert_eq!(store.insert_drift_events(&batch).await.expect("batch"), 2);
+        let followed = store
+            .follow_drift(&DriftFollow {
+                after: before,
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .expect("follow");
+        let ids: Vec<&str> = followed
+            .events
+            .iter()
+            .map(|(_, e)| e.event_id.as_str())
+            .collect();
+        assert_eq!(ids, ["late", "early"], "each new event once, as given");
+        assert_eq!(followed.head, before + 2);
+    })
+    .await;
+}
+
 /// Resume events recorded over the four runs of the grouped-insert test.
 async fn resume_event_count(store: &Store) -> usize {
     let mut total = 0;
