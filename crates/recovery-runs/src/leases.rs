@@ -11,12 +11,14 @@
 //! released) before anyone is told it expired; a heartbeat or release under a lease id that no
 //! longer holds the run fails; a lease whose lock file was removed or replaced locks the file
 //! now at the path before anything runs under it (the files in place stay locked throughout),
-//! or ends when another process holds that file.
+//! or ends when another process holds that file. A lease id is told once, to the collector it
+//! is granted to ([`Granted`]); everything else, in memory and in the database, keeps its
+//! [`lease_digest`], and an id presented by a caller is digested as it comes in.
 
 use crate::clock::Clock;
 use crate::runlock::LocalRunLocks;
 use recovery_sidecar::{LockError, RunLock};
-use recovery_store::{AuditEntry, Lease, Store, StoreError};
+use recovery_store::{AuditEntry, Lease, Store, StoreError, lease_digest};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,6 +47,25 @@ pub enum LeaseError {
     Store(#[from] StoreError),
     #[error("background lock work failed: {0}")]
     Join(String),
+}
+
+/// A lease just granted: its record (which keeps the digest of its id) and the id itself, the
+/// holder's proof of ownership, told to the holder only.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    pub lease: Lease,
+    pub lease_id: String,
+}
+
+impl Granted {
+    /// A fresh lease id, and the record of `lease` under its digest.
+    fn new(lease: impl FnOnce(String) -> Lease) -> Self {
+        let lease_id = recovery_sidecar::new_id();
+        Self {
+            lease: lease(lease_digest(&lease_id)),
+            lease_id,
+        }
+    }
 }
 
 /// Who asks for a run, for how long, and which lock files guard it.
@@ -301,10 +322,11 @@ impl Leases {
 
     /// Takes the run: its `flock` first, then the database lease (granted only when none is
     /// live). Another live holder is reported with who it is.
-    pub async fn acquire(&self, request: &LeaseRequest) -> Result<Lease, LeaseError> {
+    pub async fn acquire(&self, request: &LeaseRequest) -> Result<Granted, LeaseError> {
         let _run = self.local.lock(&request.run_lock()).await;
         self.end_if_expired(&request.run_id).await?;
-        let lease = self.lease_for(request, recovery_sidecar::new_id());
+        let granting = Granted::new(|digest| self.lease_for(request, digest));
+        let lease = &granting.lease;
         let now = self.clock.now_text();
         if let Some((current, _)) = self.held_entry(&request.run_id) {
             // This process holds the lock under a live lease (an expired one was just ended).
@@ -314,7 +336,7 @@ impl Leases {
                 }
                 _ => {
                     // The database forgot our lease (taken over elsewhere): grant afresh.
-                    let granted = self.store.try_acquire_lease(&lease, &now).await?;
+                    let granted = self.store.try_acquire_lease(lease, &now).await?;
                     if granted.lease_id != lease.lease_id {
                         self.held().remove(&request.run_id);
                         return Err(LeaseError::Held(Box::new(granted)));
@@ -322,13 +344,13 @@ impl Leases {
                     if let Some(entry) = self.held().get_mut(&request.run_id) {
                         entry.lease_id = lease.lease_id.clone();
                     }
-                    self.record_locks(request, &lease).await?;
-                    Ok(lease)
+                    self.record_locks(request, lease).await?;
+                    Ok(granting)
                 }
             };
         }
         let lock = self.take_locks(request).await?;
-        let granted = self.store.try_acquire_lease(&lease, &now).await?;
+        let granted = self.store.try_acquire_lease(lease, &now).await?;
         if granted.lease_id != lease.lease_id && !self.was_ours(&granted) {
             // Another replica's live lease, and its flock is free: that replica stopped, not
             // the collector. The lease stays its collector's (taken here), the newcomer waits.
@@ -337,7 +359,7 @@ impl Leases {
         if granted.lease_id != lease.lease_id {
             // A live lease of ours, yet we hold the flock its holder would hold: that holder is
             // gone (a crash or a kill); the lease is an orphan and is replaced, audited.
-            self.store.replace_lease(&lease).await?;
+            self.store.replace_lease(lease).await?;
             self.audit("system", "lease.orphaned", &request.run_id, serde_json::json!({"holder": granted.holder, "host": granted.host, "pid": granted.pid, "replica": granted.replica, "why": "no process held the run's flock"})).await?;
             tracing::warn!(run_id = %request.run_id, holder = %granted.holder, "replaced a lease whose process is gone");
         }
@@ -349,8 +371,8 @@ impl Leases {
                 lock: Arc::new(lock),
             },
         );
-        self.record_locks(request, &lease).await?;
-        Ok(lease)
+        self.record_locks(request, lease).await?;
+        Ok(granting)
     }
 
     /// Keeps `granted`, a live lease of a replica that stopped, for its collector under `lock`
@@ -509,7 +531,7 @@ impl Leases {
         Ok(adopted)
     }
 
-    /// Renews a live lease for another TTL.
+    /// Renews a live lease for another TTL; `lease_id` as its holder presents it.
     pub async fn heartbeat(
         &self,
         run_id: &str,
@@ -517,6 +539,8 @@ impl Leases {
         ttl: impl Into<Option<time::Duration>>,
     ) -> Result<Lease, LeaseError> {
         let ttl = ttl.into();
+        let digest = lease_digest(lease_id);
+        let lease_id = digest.as_str();
         let Some((held_id, run_lock)) = self.held_entry(run_id) else {
             return self.renew_for_live_replica(run_id, lease_id, ttl).await;
         };
@@ -615,8 +639,11 @@ impl Leases {
         Ok(())
     }
 
-    /// Ends a lease: the database forgets it, then the `flock` is released.
+    /// Ends a lease (`lease_id` as its holder presents it): the database forgets it, then the
+    /// `flock` is released.
     pub async fn release(&self, run_id: &str, lease_id: &str) -> Result<(), LeaseError> {
+        let digest = lease_digest(lease_id);
+        let lease_id = digest.as_str();
         let _run = match self.held_entry(run_id) {
             Some((_, run_lock)) => Some(self.local.lock(&run_lock).await),
             None => None,
@@ -751,13 +778,14 @@ impl Leases {
         actor: &str,
         reason: &str,
         request: &LeaseRequest,
-    ) -> Result<(Lease, Option<Lease>), LeaseError> {
+    ) -> Result<(Granted, Option<Lease>), LeaseError> {
         let _run = self.local.lock(&request.run_lock()).await;
         // A lease of ours whose lock file was displaced first locks the file now at the path
         // (or ends when another process holds it): the new holder's lock is never kept on a
         // file nobody else opens.
         self.end_if_expired(&request.run_id).await?;
-        let lease = self.lease_for(request, recovery_sidecar::new_id());
+        let granting = Granted::new(|digest| self.lease_for(request, digest));
+        let lease = &granting.lease;
         if self.held_entry(&request.run_id).is_none() {
             let lock = self.take_locks(request).await?;
             self.held().insert(
@@ -769,11 +797,11 @@ impl Leases {
                 },
             );
         }
-        let previous = self.store.replace_lease(&lease).await?;
+        let previous = self.store.replace_lease(lease).await?;
         if let Some(entry) = self.held().get_mut(&request.run_id) {
             entry.lease_id = lease.lease_id.clone();
         }
-        self.record_locks(request, &lease).await?;
+        self.record_locks(request, lease).await?;
         self.audit(
             actor,
             "lease.takeover",
@@ -785,7 +813,7 @@ impl Leases {
             }),
         )
         .await?;
-        Ok((lease, previous))
+        Ok((granting, previous))
     }
 
     /// How many leases this process holds.

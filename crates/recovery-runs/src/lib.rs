@@ -31,7 +31,7 @@ pub mod runlock;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use events::{ApprovalLine, DriftLine, ExtensionLine};
-pub use leases::{LeaseError, LeaseRequest, Leases};
+pub use leases::{Granted, LeaseError, LeaseRequest, Leases};
 pub use operations::OpError;
 pub use registry::{Registry, RegistryError, ReindexReport};
 pub use runfiles::RunFilesError;

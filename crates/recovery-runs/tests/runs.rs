@@ -571,7 +571,10 @@ async fn leases_hold_the_run_lock_exclusively_until_released_expired_or_taken_ov
         )
         .await
         .expect("takeover");
-    assert_eq!(previous.map(|p| p.lease_id), Some(second.lease_id.clone()));
+    assert_eq!(
+        previous.map(|p| p.lease_id),
+        Some(second.lease.lease_id.clone())
+    );
     assert!(matches!(
         other_replica
             .heartbeat("run-1", &second.lease_id, time::Duration::seconds(30))
@@ -780,7 +783,11 @@ async fn a_live_lease_whose_replica_stopped_is_taken_again_by_exactly_one_of_man
             row.holder,
             row.replica.starts_with("replica-")
         ),
-        (lease.lease_id, "collector-a".to_owned(), true)
+        (
+            recovery_store::lease_digest(&lease.lease_id),
+            "collector-a".to_owned(),
+            true
+        )
     );
 }
 

@@ -5,7 +5,7 @@ use crate::error::{ApiError, ApiResult, ErrorCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use recovery_runs::{Leases, LockedRun, Registry};
 use recovery_sidecar::SidecarPaths;
-use recovery_store::RunRecord;
+use recovery_store::{RunRecord, lease_digest};
 use std::sync::{Arc, OnceLock};
 
 /// Request bodies up to this size are parsed on the async worker that received them: reading
@@ -276,7 +276,7 @@ impl AppState {
             return error;
         }
         match self.leases.holder(run_id).await {
-            Ok(Some(lease)) if lease.lease_id == presented => error,
+            Ok(Some(lease)) if lease.lease_id == lease_digest(presented) => error,
             Ok(_) => ApiError::new(
                 ErrorCode::LeaseNotHeld,
                 format!(
@@ -299,7 +299,9 @@ impl AppState {
     ) -> ApiResult<()> {
         let lease = self.registry.live_lease(paths, run_id).await?;
         match (lease, presented) {
-            (Some(lease), presented) if presented != Some(lease.lease_id.as_str()) => {
+            (Some(lease), presented)
+                if presented.map(lease_digest).as_ref() != Some(&lease.lease_id) =>
+            {
                 Err(ApiError::new(
                     ErrorCode::RunLocked,
                     format!("run {run_id} is held by {}", lease.holder),

@@ -198,6 +198,20 @@ impl DriftRow {
     }
 }
 
+/// How a kept lease id starts: the rest is the SHA-256 of the id, in hex.
+const LEASE_DIGEST_PREFIX: &str = "sha256:";
+
+/// What is kept of a lease id, in the database and in memory: `sha256:` and the SHA-256 of the
+/// id. The id is its holder's proof of ownership and is shown once, to the collector it is
+/// granted to; a reader of the database (or of a backup) cannot present it, as console session
+/// tokens, which are kept hashed too. Ids are 128 random bits: no salt is needed.
+pub fn lease_digest(lease_id: &str) -> String {
+    format!(
+        "{LEASE_DIGEST_PREFIX}{}",
+        recovery_core::canonical::sha256_hex(lease_id.as_bytes())
+    )
+}
+
 fn json_list(value: &str) -> Result<Vec<String>, StoreError> {
     Ok(serde_json::from_str(value)?)
 }
@@ -216,6 +230,39 @@ fn placeholders(rows: usize, columns: usize) -> String {
 }
 
 type Tx<'a> = sqlx::Transaction<'a, Any>;
+
+/// Keeps as digests the lease ids an older release recorded in clear (before [`lease_digest`]),
+/// so their holders go on presenting the ids they were given. Idempotent: replicas starting
+/// together each convert what is still clear.
+async fn digest_clear_lease_ids(pool: &AnyPool) -> Result<(), StoreError> {
+    let clear: Vec<(String,)> = sqlx::query_as(
+        "SELECT lease_id FROM leases WHERE lease_id NOT LIKE 'sha256:%' \
+         UNION SELECT lease_id FROM lease_locks WHERE lease_id NOT LIKE 'sha256:%'",
+    )
+    .fetch_all(pool)
+    .await?;
+    if clear.is_empty() {
+        return Ok(());
+    }
+    let mut tx = pool.begin().await?;
+    for (lease_id,) in &clear {
+        for table in ["leases", "lease_locks"] {
+            sqlx::query(&format!(
+                "UPDATE {table} SET lease_id = $1 WHERE lease_id = $2"
+            ))
+            .bind(lease_digest(lease_id))
+            .bind(lease_id)
+            .execute(&mut *tx)
+            .await?;
+        }
+    }
+    tx.commit().await?;
+    tracing::info!(
+        leases = clear.len(),
+        "lease ids an older release kept in clear are kept as digests"
+    );
+    Ok(())
+}
 
 /// Inserts resume events (a few dozen: one statement) in `tx`.
 async fn insert_resume_events(tx: &mut Tx<'_>, events: &[&ResumeEvent]) -> Result<(), StoreError> {
@@ -559,6 +606,7 @@ impl Store {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&pool).await?,
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&pool).await?,
         }
+        digest_clear_lease_ids(&pool).await?;
         let checkpointer = match backend {
             Backend::Sqlite => Some(Arc::new(checkpoint::Checkpointer::start(&url).await?)),
             Backend::Postgres => None,

@@ -172,6 +172,7 @@ pub struct Rejudgment {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
 pub struct Lease {
     pub run_id: String,
+    /// What is kept of the holder's lease id: its [`crate::lease_digest`], never the id.
     pub lease_id: String,
     /// Client-supplied name.
     pub holder: String,

@@ -566,7 +566,7 @@ async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_th
         let known = drift("known", 30);
         assert_eq!(
             store
-                .insert_drift_events(&[known.clone()])
+                .insert_drift_events(std::slice::from_ref(&known))
                 .await
                 .expect("known"),
             1
@@ -840,6 +840,58 @@ async fn leases_are_exclusive_until_they_expire_and_takeovers_return_the_previou
         assert_eq!(granted, 1, "exactly one of 64 contenders holds the lease");
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_ids_an_older_release_kept_in_clear_are_kept_as_digests_from_the_next_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let sqlite_url = format!("sqlite://{}", dir.path().join("old.db").display());
+    let database = PostgresDatabase::create().await;
+    // PostgreSQL replicas start together: each converts what is still clear, none fails. An
+    // SQLite file has one service process.
+    for (url, replicas) in [(sqlite_url.as_str(), 1), (database.url.as_str(), 4)] {
+        let store = Store::connect(url).await.expect("store");
+        // As an older release recorded them: the id itself.
+        let clear = lease("0123456789abcdef0123456789abcdef", "collector-a", 59);
+        store
+            .try_acquire_lease(&clear, &time(0))
+            .await
+            .expect("lease");
+        store
+            .record_lease_locks("r1", &clear.lease_id, &["/data/out_run.lock".to_owned()])
+            .await
+            .expect("locks");
+        store.close().await;
+        let starting: Vec<_> = (0..replicas)
+            .map(|_| {
+                let url = url.to_owned();
+                tokio::spawn(async move { Store::connect(&url).await.expect("started") })
+            })
+            .collect();
+        for replica in starting {
+            replica.await.expect("replica").close().await;
+        }
+        for start in ["first", "second"] {
+            let store = Store::connect(url).await.expect("reopened");
+            let kept = store.get_lease("r1").await.expect("get").expect("lease");
+            let digest = lease_digest(&clear.lease_id);
+            assert_eq!(kept.lease_id, digest, "{url}: {start} start");
+            assert_eq!(
+                store.lease_locks("r1", &digest).await.expect("locks"),
+                ["/data/out_run.lock"],
+                "{url}: {start} start"
+            );
+            assert_eq!(
+                store
+                    .lease_locks("r1", &clear.lease_id)
+                    .await
+                    .expect("locks"),
+                Vec::<String>::new()
+            );
+            store.close().await;
+        }
+    }
+    database.drop_database().await;
 }
 
 #[tokio::test]

@@ -6,8 +6,7 @@ use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use recovery_runs::LeaseRequest;
-use recovery_store::Lease;
+use recovery_runs::{Granted, LeaseRequest};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -43,9 +42,10 @@ pub struct LeaseGranted {
     pub expires_at: String,
 }
 
-fn granted(lease: &Lease) -> LeaseGranted {
+/// The one answer that tells a lease id: the database keeps only its digest.
+fn granted(Granted { lease, lease_id }: &Granted) -> LeaseGranted {
     LeaseGranted {
-        lease_id: lease.lease_id.clone(),
+        lease_id: lease_id.clone(),
         run_id: lease.run_id.clone(),
         holder: lease.holder.clone(),
         expires_at: lease.expires_at.clone(),
@@ -182,7 +182,11 @@ pub async fn heartbeat(
                 .transpose()?,
         )
         .await?;
-    Ok(Json(granted(&lease)))
+    // The holder's own id, as it presented it.
+    Ok(Json(granted(&Granted {
+        lease,
+        lease_id: request.lease_id,
+    })))
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

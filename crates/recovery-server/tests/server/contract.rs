@@ -1286,6 +1286,78 @@ async fn framework_answers_come_out_in_the_error_shape() {
     );
 }
 
+/// Every file under `dir` (the database, its log, the sidecars) that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("dir") {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            found.extend(files_holding(&path, needle));
+        } else if std::fs::read(&path)
+            .expect("file")
+            .windows(needle.len())
+            .any(|w| w == needle)
+        {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_granted_lease_id_is_told_to_its_holder_only_and_kept_nowhere() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let granted = app.lease(&run_id, "collector-a").await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let lease_id = granted.body["lease_id"].as_str().expect("id").to_owned();
+    // The holder works under it: a heartbeat (answered with its own id), a validate.
+    let renewed = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/heartbeat"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease_id})),
+        )
+        .await;
+    assert_eq!(
+        renewed.body["lease_id"],
+        lease_id.as_str(),
+        "{}",
+        renewed.body
+    );
+    let mut body = app.validate_body(0.3, 8000);
+    body["lease_id"] = json!(lease_id);
+    let validated = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(body),
+        )
+        .await;
+    assert_eq!(validated.status, StatusCode::OK, "{}", validated.body);
+    // Nobody else is told it, and no file keeps it (the SQLite file and its log included).
+    let viewed = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(viewed.status, StatusCode::OK, "{}", viewed.body);
+    assert!(
+        !viewed.body.to_string().contains(&lease_id),
+        "{}",
+        viewed.body
+    );
+    assert_eq!(
+        files_holding(app._dir.path(), lease_id.as_bytes()),
+        Vec::<std::path::PathBuf>::new()
+    );
+}
+
 #[tokio::test]
 async fn a_refused_lease_id_is_never_echoed_and_a_full_last_page_has_no_cursor() {
     let app = TestApp::new().await;
