@@ -1421,6 +1421,37 @@ fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
     }
 }
 
+#[test]
+fn a_start_on_a_port_in_use_fails_before_it_makes_any_file() {
+    let dir = tempfile::tempdir().expect("dir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let port = taken.local_addr().expect("address").port();
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--bind",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(dir.path().join("data"))
+        .arg("--root")
+        .arg(dir.path().join("runs"))
+        .env("RR_LOG", "warn")
+        .output()
+        .expect("serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    let made: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name())
+        .collect();
+    assert!(made.is_empty(), "a failed start made {made:?}");
+}
+
 /// A run saved beside `dir/out.jsonl` with its identity, as the offline commands read it.
 struct OfflineRun {
     output: PathBuf,
