@@ -597,11 +597,32 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
     Ok(value)
 }
 
-/// serde's message without its ` at line 1 column 63`: the field it names says where.
+/// The Rust type names serde's messages end with, in words a caller reads (`pid: invalid
+/// type: string "1", expected an integer`, not `expected i64`).
+const TYPE_WORDS: [(&str, &str); 8] = [
+    ("expected i64", "expected an integer"),
+    ("expected i32", "expected an integer"),
+    ("expected u64", "expected an integer of 0 or more"),
+    ("expected u32", "expected an integer of 0 or more"),
+    ("expected u16", "expected an integer of 0 or more"),
+    ("expected usize", "expected an integer of 0 or more"),
+    ("expected f64", "expected a number"),
+    ("expected f32", "expected a number"),
+];
+
+/// serde's message without its ` at line 1 column 63` (the field it names says where) and with
+/// its type names in words ([`TYPE_WORDS`]).
 fn without_position(error: &serde_json::Error) -> String {
     let text = error.to_string();
     let position = format!(" at line {} column {}", error.line(), error.column());
-    text.strip_suffix(&position).unwrap_or(&text).to_owned()
+    let text = text.strip_suffix(&position).unwrap_or(&text);
+    TYPE_WORDS
+        .iter()
+        .find_map(|(rust, words)| {
+            text.strip_suffix(rust)
+                .map(|start| format!("{start}{words}"))
+        })
+        .unwrap_or_else(|| text.to_owned())
 }
 
 /// `Query<T>` whose rejections answer in the API error shape.

@@ -49,6 +49,62 @@ fn assert_invalid_naming(reply: &Reply, field: &str, context: &str) {
 /// type (its path), a missing or unknown field, a query parameter, and every field a handler
 /// checks itself.
 #[tokio::test]
+async fn a_number_of_the_wrong_kind_is_refused_in_words_not_rust_type_names() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let lease = |extra: Value| {
+        let mut body = json!({"holder": "c", "host": "h", "pid": 1});
+        body.as_object_mut()
+            .expect("object")
+            .extend(extra.as_object().expect("object").clone());
+        body
+    };
+    let cases = [
+        (lease(json!({"pid": "1"})), "pid", "expected an integer"),
+        (lease(json!({"pid": 1.5})), "pid", "expected an integer"),
+        (
+            lease(json!({"ttl_seconds": -1})),
+            "ttl_seconds",
+            "expected an integer of 0 or more",
+        ),
+        (
+            lease(json!({"ttl_seconds": "60"})),
+            "ttl_seconds",
+            "expected an integer of 0 or more",
+        ),
+    ];
+    for (body, field, said) in cases {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/lease"),
+                Some(COLLECTOR),
+                Some(body.clone()),
+            )
+            .await;
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{body}: {}",
+            reply.body
+        );
+        assert_eq!(
+            reply.body["details"]["field"], field,
+            "{body}: {}",
+            reply.body
+        );
+        assert!(
+            message.starts_with(&format!("{field}: ")) && message.ends_with(said),
+            "{body}: {message}"
+        );
+        for rust in ["i64", "u64", "f64", "usize"] {
+            assert!(!message.contains(rust), "{body}: {message}");
+        }
+    }
+}
+
+#[tokio::test]
 async fn an_invalid_field_is_named_in_details() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
