@@ -71,6 +71,8 @@ impl Granted {
 /// Who asks for a run, for how long, and which lock files guard it.
 #[derive(Debug, Clone)]
 pub struct LeaseRequest {
+    /// Who asks, as authenticated (the audit's actor; `holder` is what the client calls itself).
+    pub actor: String,
     pub run_id: String,
     pub holder: String,
     pub host: String,
@@ -345,6 +347,7 @@ impl Leases {
                         entry.lease_id = lease.lease_id.clone();
                     }
                     self.record_locks(request, lease).await?;
+                    self.audit_acquired(request, lease).await?;
                     Ok(granting)
                 }
             };
@@ -372,7 +375,22 @@ impl Leases {
             },
         );
         self.record_locks(request, lease).await?;
+        self.audit_acquired(request, lease).await?;
         Ok(granting)
+    }
+
+    async fn audit_acquired(
+        &self,
+        request: &LeaseRequest,
+        lease: &Lease,
+    ) -> Result<(), StoreError> {
+        self.audit(
+            &request.actor,
+            "lease.acquired",
+            &request.run_id,
+            serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expires_at": lease.expires_at}),
+        )
+        .await
     }
 
     /// Keeps `granted`, a live lease of a replica that stopped, for its collector under `lock`
@@ -639,21 +657,34 @@ impl Leases {
         Ok(())
     }
 
-    /// Ends a lease (`lease_id` as its holder presents it): the database forgets it, then the
-    /// `flock` is released.
-    pub async fn release(&self, run_id: &str, lease_id: &str) -> Result<(), LeaseError> {
+    /// Ends a lease (`lease_id` as its holder presents it) for `actor`: the database forgets
+    /// it, then the `flock` is released. Audited `lease.released`.
+    pub async fn release(
+        &self,
+        actor: &str,
+        run_id: &str,
+        lease_id: &str,
+    ) -> Result<(), LeaseError> {
         let digest = lease_digest(lease_id);
         let lease_id = digest.as_str();
         let _run = match self.held_entry(run_id) {
             Some((_, run_lock)) => Some(self.local.lock(&run_lock).await),
             None => None,
         };
+        let ending = self
+            .store
+            .get_lease(run_id)
+            .await?
+            .filter(|lease| lease.lease_id == lease_id);
         let released = self.store.release_lease(run_id, lease_id).await?;
         self.forget(run_id, lease_id);
-        if released {
-            Ok(())
-        } else {
-            Err(not_holder(run_id, lease_id))
+        match ending {
+            Some(lease) if released => {
+                let details = serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid});
+                Ok(self.audit(actor, "lease.released", run_id, details).await?)
+            }
+            _ if released => Ok(()),
+            _ => Err(not_holder(run_id, lease_id)),
         }
     }
 

@@ -910,6 +910,13 @@ impl Registry {
             )
             .await?;
         }
+        self.audit(
+            actor,
+            "run.created",
+            Some(&prepared.manifest.run_id),
+            serde_json::json!({"output_path": paths.output.display().to_string()}),
+        )
+        .await?;
         Ok(CreatedRun {
             manifest: prepared.manifest,
             identity: prepared.identity,

@@ -454,6 +454,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
 
 fn request(root: &Path, holder: &str, ttl_seconds: i64) -> LeaseRequest {
     LeaseRequest {
+        actor: "collector-token".into(),
         run_id: "run-1".into(),
         holder: holder.into(),
         host: "node-1".into(),
@@ -594,7 +595,7 @@ async fn leases_hold_the_run_lock_exclusively_until_released_expired_or_taken_ov
         ("alice", Some("collector-c"))
     );
     other_replica
-        .release("run-1", &taken.lease_id)
+        .release("operator", "run-1", &taken.lease_id)
         .await
         .expect("release");
     assert!(
@@ -839,7 +840,7 @@ async fn a_python_collector_holding_the_lock_refuses_a_lease_and_a_lease_refuses
         "a live lease blocks Python's flock"
     );
     leases
-        .release("run-1", &lease.lease_id)
+        .release("collector-token", "run-1", &lease.lease_id)
         .await
         .expect("release");
     let probe = Command::new("python3")

@@ -71,6 +71,7 @@ fn ttl(state: &AppState, seconds: Option<u64>) -> ApiResult<time::Duration> {
 
 async fn lease_request(
     state: &AppState,
+    caller: &Caller,
     run_id: &str,
     request: &AcquireRequest,
 ) -> ApiResult<LeaseRequest> {
@@ -117,6 +118,7 @@ async fn lease_request(
         lock_paths.push(recovery_sidecar::paths::checkpoint_lock_path(&dir));
     }
     Ok(LeaseRequest {
+        actor: caller.name.clone(),
         run_id: run_id.to_owned(),
         holder: request.holder.clone(),
         host: request.host.clone(),
@@ -138,7 +140,7 @@ pub async fn acquire(
     ApiJson(request): ApiJson<AcquireRequest>,
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     caller.require(Role::Collector)?;
-    let lease_request = lease_request(&state, &run_id, &request).await?;
+    let lease_request = lease_request(&state, &caller, &run_id, &request).await?;
     let lease = state.leases.acquire(&lease_request).await?;
     Ok((StatusCode::CREATED, Json(granted(&lease))))
 }
@@ -208,7 +210,10 @@ pub async fn release(
     ApiJson(request): ApiJson<ReleaseRequest>,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
-    state.leases.release(&run_id, &request.lease_id).await?;
+    state
+        .leases
+        .release(&caller.name, &run_id, &request.lease_id)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -322,7 +327,7 @@ pub async fn takeover(
         ttl_seconds: request.ttl_seconds,
         checkpoint_dir: None,
     };
-    let lease_request = lease_request(&state, &run_id, &acquire).await?;
+    let lease_request = lease_request(&state, &caller, &run_id, &acquire).await?;
     // The lease manager audits the takeover, with the previous holder and the reason.
     let (lease, _previous) = state
         .leases

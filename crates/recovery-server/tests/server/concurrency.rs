@@ -2286,3 +2286,87 @@ async fn finish_displaced_lock_case(app: &TestApp, run_id: &str, lock: &std::pat
         again.body
     );
 }
+
+/// The audit log says who created a run and who held it: of many concurrent acquires one is
+/// granted and audited, then released by its holder and audited, each under the caller's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_acquires_grant_and_audit_one_lease_and_its_release() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let requests = (0..16)
+        .map(|i| {
+            (
+                Method::POST,
+                format!("/runs/{run_id}/lease"),
+                COLLECTOR,
+                json!({"holder": format!("collector-{i}"), "host": "node-1", "pid": 4242}),
+            )
+        })
+        .collect();
+    let replies = all_at_once(&app, requests).await;
+    let granted: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(granted.len(), 1, "one lease");
+    assert!(
+        replies
+            .iter()
+            .all(|r| r.status == StatusCode::CREATED || r.body["code"] == "run_locked"),
+        "the others are told who holds it"
+    );
+    let holder = granted[0].body["holder"].clone();
+    let released = app
+        .call(
+            Method::DELETE,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": granted[0].body["lease_id"]})),
+        )
+        .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.body);
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/audit?run_id={run_id}"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    // The test clock stands still: entries of one instant come in id order, so by action here.
+    let mut entries: Vec<(String, String, Value)> = audit.body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap_or_default().to_owned(),
+                e["actor"].as_str().unwrap_or_default().to_owned(),
+                e["details"]["holder"].clone(),
+            )
+        })
+        .collect();
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        entries,
+        [
+            (
+                "lease.acquired".to_owned(),
+                "collector-1".to_owned(),
+                holder.clone()
+            ),
+            (
+                "lease.released".to_owned(),
+                "collector-1".to_owned(),
+                holder
+            ),
+            (
+                "run.created".to_owned(),
+                "collector-1".to_owned(),
+                Value::Null
+            ),
+        ],
+        "{}",
+        audit.body
+    );
+}
