@@ -67,7 +67,7 @@ struct ServeArgs {
     #[arg(long, env = "RR_DATA_DIR", default_value = "./rollout-recovery-data")]
     data_dir: PathBuf,
     /// Database URL (sqlite://... or postgres://...); default: SQLite in the data directory.
-    #[arg(long, env = "RR_DATABASE_URL")]
+    #[arg(long, env = "RR_DATABASE_URL", hide_env_values = true)]
     database_url: Option<String>,
     /// Directories output paths must lie under (repeat, or comma-separated); default: <data-dir>/runs.
     #[arg(long = "root", env = "RR_ROOTS", value_delimiter = ',')]

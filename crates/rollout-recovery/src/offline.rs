@@ -347,7 +347,12 @@ pub fn digest(path: Option<PathBuf>, jsonl: bool) -> anyhow::Result<()> {
 #[derive(Debug, Args)]
 pub struct ClientArgs {
     /// The service's base URL.
-    #[arg(long, env = "RR_URL", default_value = "http://127.0.0.1:8787")]
+    #[arg(
+        long,
+        env = "RR_URL",
+        default_value = "http://127.0.0.1:8787",
+        hide_env_values = true
+    )]
     url: String,
     /// Bearer token.
     #[arg(long, env = "RR_TOKEN", hide_env_values = true)]

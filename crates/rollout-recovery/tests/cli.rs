@@ -1422,6 +1422,48 @@ fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
 }
 
 #[test]
+fn no_help_shows_a_password_or_token_taken_from_the_environment() {
+    let top = Command::new(BIN).arg("--help").output().expect("help");
+    let top = String::from_utf8_lossy(&top.stdout).into_owned();
+    // The commands section: two spaces, a name, its summary.
+    let commands: Vec<&str> = top
+        .split_once("Commands:")
+        .expect("commands")
+        .1
+        .lines()
+        .skip(1)
+        .take_while(|line| !line.is_empty())
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| *name != "help")
+        .collect();
+    assert!(
+        commands.contains(&"serve") && commands.contains(&"drift"),
+        "{top}"
+    );
+    for command in commands {
+        let output = Command::new(BIN)
+            .args([command, "--help"])
+            .env(
+                "RR_DATABASE_URL",
+                "postgres://admin:PWDATABASE@db.example/rr",
+            )
+            .env("RR_URL", "http://admin:PWSERVICE@rr.example:8787")
+            .env("RR_TOKEN", "operator-token-PWTOKEN-0123")
+            .env("RR_TOKENS", "operator:alice:PWTOKENS-0123456789")
+            .output()
+            .expect("help");
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{command}: {help}");
+        for secret in ["PWDATABASE", "PWSERVICE", "PWTOKEN", "PWTOKENS"] {
+            assert!(
+                !help.contains(secret),
+                "{command} --help shows {secret}: {help}"
+            );
+        }
+    }
+}
+
+#[test]
 fn a_start_on_a_port_in_use_fails_before_it_makes_any_file() {
     let dir = tempfile::tempdir().expect("dir");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
