@@ -144,6 +144,20 @@ impl ApiError {
         Self::invalid(message).with_details(serde_json::json!({ "field": field }))
     }
 
+    /// `lease_not_held` for the `lease_id` a caller presented: its lease ended (expired,
+    /// released, taken over) or never held the run; the caller must not go on under it.
+    pub fn lease_not_held(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::LeaseNotHeld, message)
+            .with_details(serde_json::json!({ "field": "lease_id" }))
+    }
+
+    /// [`Self::lease_not_held`] with the run's usual message.
+    pub fn lease_not_held_on(run_id: &str) -> Self {
+        Self::lease_not_held(format!(
+            "lease_id: the lease presented does not hold run {run_id} (expired, released or taken over)"
+        ))
+    }
+
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::NotFound, message)
     }
@@ -331,7 +345,7 @@ impl From<recovery_runs::OpError> for ApiError {
                 Self::new(ErrorCode::NotEligible, message).with_details(details)
             }
             OpError::Conflict(m) => Self::new(ErrorCode::Conflict, m),
-            OpError::LeaseNotHeld(m) => Self::new(ErrorCode::LeaseNotHeld, m),
+            OpError::LeaseNotHeld(m) => Self::lease_not_held(format!("lease_id: {m}")),
             OpError::Leased(lease) => Self::new(
                 ErrorCode::RunLocked,
                 format!("run {} is held by {}", lease.run_id, lease.holder),
@@ -387,7 +401,7 @@ impl From<recovery_runs::LeaseError> for ApiError {
                     .with_details(serde_json::json!({"field": "checkpoint_dir"}))
             }
             LeaseError::Locked(e) => lock_error(e),
-            LeaseError::NotHolder { .. } => Self::new(ErrorCode::LeaseNotHeld, error.to_string()),
+            LeaseError::NotHolder { .. } => Self::lease_not_held(format!("lease_id: {error}")),
             LeaseError::Store(e) => e.into(),
             LeaseError::Join(_) => Self::internal("the lease", error),
         }

@@ -184,6 +184,15 @@ pub fn metrics_handle() -> PrometheusHandle {
 impl AppState {
     /// A run's record and its companion paths (re-confined: the roots may have changed). A run
     /// whose output another run took over answers `run_superseded`, naming that run.
+    /// Refuses (404) a run id the service does not know; a superseded run is known (its lease
+    /// can still be renewed and released).
+    pub async fn known_run(&self, run_id: &str) -> ApiResult<()> {
+        match self.registry.store().get_run(run_id).await? {
+            Some(_) => Ok(()),
+            None => Err(ApiError::not_found(format!("no run {run_id}"))),
+        }
+    }
+
     pub async fn run(&self, run_id: &str) -> ApiResult<(RunRecord, SidecarPaths)> {
         let run = self
             .registry
@@ -277,20 +286,15 @@ impl AppState {
         }
         match self.leases.holder(run_id).await {
             Ok(Some(lease)) if lease.lease_id == lease_digest(presented) => error,
-            Ok(_) => ApiError::new(
-                ErrorCode::LeaseNotHeld,
-                format!(
-                    "the lease presented does not hold run {run_id} (expired, released or taken over)"
-                ),
-            ),
+            Ok(_) => ApiError::lease_not_held_on(run_id),
             Err(_) => error,
         }
     }
 
-    /// Refuses callers when another client holds a live lease on the run (423 with the holder),
-    /// unless they present that lease's id.
-    /// A presented lease id that does not hold the run is refused (`lease_not_held`): a collector
-    /// whose lease ended is never told it may go on.
+    /// Refuses callers without a lease when a client holds a live lease on the run (423 with the
+    /// holder). A presented lease id that does not hold the run is refused (`lease_not_held`,
+    /// also while another client's lease is live: a collector whose lease ended is never told
+    /// to wait and go on under it).
     pub async fn check_lease(
         &self,
         paths: &SidecarPaths,
@@ -299,22 +303,14 @@ impl AppState {
     ) -> ApiResult<()> {
         let lease = self.registry.live_lease(paths, run_id).await?;
         match (lease, presented) {
-            (Some(lease), presented)
-                if presented.map(lease_digest).as_ref() != Some(&lease.lease_id) =>
-            {
-                Err(ApiError::new(
-                    ErrorCode::RunLocked,
-                    format!("run {run_id} is held by {}", lease.holder),
-                )
-                .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)})))
-            }
-            (None, Some(_)) => Err(ApiError::new(
-                ErrorCode::LeaseNotHeld,
-                format!(
-                    "the lease presented does not hold run {run_id} (expired, released or taken over)"
-                ),
-            )),
-            _ => Ok(()),
+            (Some(lease), None) => Err(ApiError::new(
+                ErrorCode::RunLocked,
+                format!("run {run_id} is held by {}", lease.holder),
+            )
+            .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)}))),
+            (Some(lease), Some(presented)) if lease_digest(presented) == lease.lease_id => Ok(()),
+            (_, Some(_)) => Err(ApiError::lease_not_held_on(run_id)),
+            (None, None) => Ok(()),
         }
     }
 }

@@ -168,6 +168,7 @@ pub async fn heartbeat(
     ApiJson(request): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<LeaseGranted>> {
     caller.require(Role::Collector)?;
+    state.known_run(&run_id).await?;
     if state.leases.shares_database() && !state.leases.holds(&run_id) {
         // Granted by a replica that stopped: taken here first, so its collector goes on.
         crate::adopt_live_leases(&state.registry).await;
@@ -210,6 +211,7 @@ pub async fn release(
     ApiJson(request): ApiJson<ReleaseRequest>,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Collector)?;
+    state.known_run(&run_id).await?;
     state
         .leases
         .release(&caller.name, &run_id, &request.lease_id)

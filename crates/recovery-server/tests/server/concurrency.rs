@@ -1601,10 +1601,20 @@ async fn a_lease_whose_process_died_is_ended_not_reported_live() {
             }),
         )
         .await;
+    // A lease that does not hold the run is told so, also while another's is live: never to
+    // wait and go on under it.
     assert_eq!(
-        stale.status,
-        StatusCode::LOCKED,
-        "another's live lease refuses: {}",
+        (
+            stale.status,
+            &stale.body["code"],
+            &stale.body["details"]["field"]
+        ),
+        (
+            StatusCode::CONFLICT,
+            &json!("lease_not_held"),
+            &json!("lease_id")
+        ),
+        "{}",
         stale.body
     );
     let new_lease = acquired.body["lease_id"].as_str().expect("lease");

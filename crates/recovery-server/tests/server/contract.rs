@@ -1415,6 +1415,88 @@ async fn a_granted_lease_id_is_told_to_its_holder_only_and_kept_nowhere() {
 }
 
 #[tokio::test]
+async fn a_holder_whose_run_was_taken_over_is_told_its_lease_ended_on_every_call() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let old = app.lease(&run_id, "collector-a").await.body["lease_id"].clone();
+    let taken = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/takeover"),
+            Some(OPERATOR),
+            Some(json!({"holder": "collector-b", "host": "h", "pid": 1, "reason": "hung"})),
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::CREATED, "{}", taken.body);
+    let mut validate = app.validate_body(0.3, 8000);
+    validate["lease_id"] = old.clone();
+    let calls = [
+        (Method::POST, "/validate", validate),
+        (
+            Method::POST,
+            "/attempts/reserve",
+            json!({"lease_id": old, "rollout_ids": ["0-0"]}),
+        ),
+        (Method::POST, "/lease/heartbeat", json!({"lease_id": old})),
+        (Method::DELETE, "/lease", json!({"lease_id": old})),
+    ];
+    for (method, route, body) in calls {
+        let reply = app
+            .call(
+                method,
+                &format!("/runs/{run_id}{route}"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(
+            (
+                reply.status,
+                &reply.body["code"],
+                &reply.body["details"]["field"]
+            ),
+            (
+                StatusCode::CONFLICT,
+                &json!("lease_not_held"),
+                &json!("lease_id")
+            ),
+            "{route}: {}",
+            reply.body
+        );
+    }
+    // Without a lease, the caller is told who holds the run; a run that does not exist is not
+    // found, whatever lease is presented.
+    let unleased = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(unleased.status, StatusCode::LOCKED, "{}", unleased.body);
+    for (method, route) in [
+        (Method::POST, "/lease/heartbeat"),
+        (Method::DELETE, "/lease"),
+    ] {
+        let reply = app
+            .call(
+                method,
+                &format!("/runs/nosuchrun{route}"),
+                Some(COLLECTOR),
+                Some(json!({"lease_id": old})),
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::NOT_FOUND,
+            "{route}: {}",
+            reply.body
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_refused_lease_id_is_never_echoed_and_a_full_last_page_has_no_cursor() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
