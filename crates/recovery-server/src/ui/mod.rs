@@ -522,13 +522,25 @@ async fn takeover(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = routes::leases::takeover(
-        State(state),
+    let operator = visitor.caller.name.clone();
+    let taken = routes::leases::takeover(
+        State(state.clone()),
         Path(run_id.clone()),
         visitor.caller,
         ApiJson(request),
     )
     .await;
+    // A browser cannot hand the new lease to a collector, and a lease nobody can use would keep
+    // every collector out until it expires: the console's takeover ends it at once (audited
+    // `lease.takeover` then `lease.released`), and the run is free for the next collector.
+    let result = match taken {
+        Ok((_, axum::Json(granted))) => state
+            .leases
+            .release(&operator, &run_id, &granted.lease_id)
+            .await
+            .map_err(ApiError::from),
+        Err(error) => Err(error),
+    };
     done(result, &run_id, "takeover")
 }
 

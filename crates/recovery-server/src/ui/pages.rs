@@ -63,7 +63,7 @@ fn state_colour(state: &str) -> &'static str {
 /// never repeats text from the address).
 pub fn done_message(code: &str) -> Option<&'static str> {
     Some(match code {
-        "takeover" => "lease taken over",
+        "takeover" => "lease ended; the run is free for the next collector",
         "approved" => "rerun approved",
         "revoked" => "approval revoked",
         "extended" => "attempts extended",
@@ -370,7 +370,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                 @if visitor.is_operator() && page.summary.holder.as_ref().is_some_and(|h| h.holder.is_some() || h.locked_outside_service) {
                     form method="post" action={ (run_path) "/takeover" } {
                         fieldset {
-                            legend { "Take the run over (ends the current lease at once; audited)" }
+                            legend { "Take the run over: end the current lease at once, leaving the run free for the next collector (audited)" }
                             input type="hidden" name="csrf" value=(visitor.csrf);
                             label for="takeover-holder" { "New holder" }
                             input id="takeover-holder" name="holder" required maxlength="256" value={ "operator:" (visitor.caller.name) };

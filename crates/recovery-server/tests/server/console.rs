@@ -410,9 +410,44 @@ async fn a_form_without_its_token_is_forbidden_a_takeover_needs_its_confirmation
     )
     .await;
     assert!(
-        after.body.contains("Done: lease taken over."),
+        after
+            .body
+            .contains("Done: lease ended; the run is free for the next collector."),
         "{}",
         after.body
+    );
+    // A browser cannot hand a lease to a collector: the run is free at once, audited.
+    let free = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/lease"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(free.body["holder"], Value::Null, "{}", free.body);
+    let next = app.lease(&run_id, "collector-next").await;
+    assert_eq!(next.status, StatusCode::CREATED, "{}", next.body);
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/audit?run_id={run_id}&actor=alice"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let mut actions: Vec<&str> = audit.body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
+    actions.sort_unstable();
+    assert_eq!(
+        actions,
+        ["lease.released", "lease.takeover"],
+        "{}",
+        audit.body
     );
 }
 
