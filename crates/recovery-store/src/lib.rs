@@ -1472,13 +1472,31 @@ impl Store {
 
     /// Ends a lease held under `lease_id`; `false` when it was not held.
     pub async fn release_lease(&self, run_id: &str, lease_id: &str) -> Result<bool, StoreError> {
-        let result = sqlx::query("DELETE FROM leases WHERE run_id = $1 AND lease_id = $2")
+        let result = self.release_lease_uncached(run_id, lease_id).await;
+        self.owner.leases.forget(run_id);
+        result
+    }
+
+    /// Deletes the lease and the record of its lock files, in one transaction.
+    async fn release_lease_uncached(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let ended = sqlx::query("DELETE FROM leases WHERE run_id = $1 AND lease_id = $2")
             .bind(run_id)
             .bind(lease_id)
-            .execute(&self.pool)
-            .await;
-        self.owner.leases.forget(run_id);
-        Ok(result?.rows_affected() == 1)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        sqlx::query("DELETE FROM lease_locks WHERE run_id = $1 AND lease_id = $2")
+            .bind(run_id)
+            .bind(lease_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(ended == 1)
     }
 
     /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
@@ -1519,7 +1537,8 @@ impl Store {
         Ok(previous)
     }
 
-    /// Records the lock files a lease holds (see [`Self::lease_locks`]).
+    /// Records the lock files a lease holds (see [`Self::lease_locks`]), forgetting those of
+    /// any earlier lease of the run (a run has one lease: a takeover's predecessor held them).
     pub async fn record_lease_locks(
         &self,
         run_id: &str,
@@ -1527,6 +1546,11 @@ impl Store {
         lock_paths: &[String],
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM lease_locks WHERE run_id = $1 AND lease_id <> $2")
+            .bind(run_id)
+            .bind(lease_id)
+            .execute(&mut *tx)
+            .await?;
         for path in lock_paths {
             sqlx::query(
                 "INSERT INTO lease_locks (run_id, lease_id, lock_path) VALUES ($1, $2, $3) \

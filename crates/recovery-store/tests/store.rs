@@ -804,17 +804,40 @@ async fn leases_are_exclusive_until_they_expire_and_takeovers_return_the_previou
             .await
             .expect("acquire");
         assert_eq!(after_expiry.lease_id, "l3", "expiry frees the run");
+        let locks = |paths: &[&str]| paths.iter().map(|p| (*p).to_owned()).collect::<Vec<_>>();
+        store
+            .record_lease_locks("r1", "l3", &locks(&["/d/out_run.lock"]))
+            .await
+            .expect("locks");
         let previous = store
             .replace_lease(&lease("l4", "operator-takeover", 50))
             .await
             .expect("takeover");
         assert_eq!(previous.map(|l| l.lease_id), Some("l3".into()));
+        store
+            .record_lease_locks(
+                "r1",
+                "l4",
+                &locks(&["/d/out_run.lock", "/ck/.collector.lock"]),
+            )
+            .await
+            .expect("locks");
+        assert_eq!(
+            store.lease_locks("r1", "l3").await.expect("locks"),
+            locks(&[]),
+            "the replaced lease's lock files are forgotten"
+        );
         assert!(
             !store.release_lease("r1", "l3").await.expect("release"),
             "the replaced holder no longer holds it"
         );
         assert!(store.release_lease("r1", "l4").await.expect("release"));
         assert_eq!(store.get_lease("r1").await.expect("get"), None);
+        assert_eq!(
+            store.lease_locks("r1", "l4").await.expect("locks"),
+            locks(&[]),
+            "a released lease's lock files are forgotten with it"
+        );
 
         // Many contenders at once: exactly one lease is granted.
         let store = Arc::new(store);
