@@ -174,10 +174,13 @@ fn not_a_cursor(detail: &str) -> ApiError {
 
 /// A `(time, id)` cursor as this service writes them. Its time is in the stored form: a
 /// cursor whose `+`/`:` a client did not encode is refused, never read as another place (which
-/// repeated a page).
+/// repeated a page). Its id is an event's or audit entry's: lowercase hex digits.
 pub fn time_cursor(text: &str) -> ApiResult<Cursor> {
     Cursor::decode(text)
         .filter(|c| recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at))
+        .filter(|c| {
+            c.id.len() <= 64 && c.id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        })
         .ok_or_else(|| not_a_cursor(""))
 }
 

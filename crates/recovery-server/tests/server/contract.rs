@@ -343,6 +343,21 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "order",
         ),
+        // A time cursor whose id part no event or entry has.
+        (
+            Method::GET,
+            "/drift?cursor=2026-11-29T10%3A00%3A00.000000Z%7Czzz".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
+        (
+            Method::GET,
+            "/audit?cursor=2026-11-29T10%3A00%3A00.000000Z%7CABC".to_owned(),
+            VIEWER,
+            None,
+            "cursor",
+        ),
         // A cursor of the other order, a made-up position, one past the last recorded.
         (
             Method::GET,
@@ -828,7 +843,8 @@ async fn the_audit_log_pages_newest_first_to_its_oldest_entry() {
     let app = TestApp::new().await;
     let entries: Vec<recovery_store::AuditEntry> = (0..7u32)
         .map(|n| recovery_store::AuditEntry {
-            audit_id: format!("audit-{n}"),
+            // Ids as the service makes them (hex); ties in time follow them.
+            audit_id: format!("{n:032x}"),
             // Two entries share each time.
             at: format!("2026-11-29T10:00:0{}.000000Z", n / 2),
             actor: "ops".into(),
@@ -873,7 +889,7 @@ async fn the_audit_log_pages_newest_first_to_its_oldest_entry() {
                 None => break,
             }
         }
-        let expected: Vec<String> = expected.iter().map(|n| format!("audit-{n}")).collect();
+        let expected: Vec<String> = expected.iter().map(|n| format!("{n:032x}")).collect();
         assert_eq!(seen, expected, "filter {filter:?}");
     }
     let garbled = app
