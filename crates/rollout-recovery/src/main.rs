@@ -307,8 +307,25 @@ fn main() -> std::process::ExitCode {
         // 2, as for bad arguments: a command that could not run is told apart from the answers
         // its exit codes carry (1: a refused resume, a run that completed nothing).
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", one_line(&e));
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `error` and its causes as one line, each said once: a message that already quotes its
+/// cause (the database driver's and the file system's do) is not followed by it again.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }

@@ -1464,6 +1464,30 @@ fn no_help_shows_a_password_or_token_taken_from_the_environment() {
 }
 
 #[test]
+fn a_start_that_cannot_reach_its_database_says_why_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    // Port 1 on loopback: nothing listens there.
+    let output = Command::new(BIN)
+        .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--database-url", "postgres://admin:PWX@127.0.0.1:1/test"])
+        .env("RR_LOG", "off")
+        .output()
+        .expect("serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("an error line: {stderr}"));
+    assert_eq!(error.matches("Connection refused").count(), 1, "{error}");
+    assert!(
+        error.contains("127.0.0.1:1") && !error.contains("PWX"),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_start_on_a_port_in_use_fails_before_it_makes_any_file() {
     let dir = tempfile::tempdir().expect("dir");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
