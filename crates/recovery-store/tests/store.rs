@@ -917,6 +917,54 @@ async fn lease_ids_an_older_release_kept_in_clear_are_kept_as_digests_from_the_n
     database.drop_database().await;
 }
 
+/// Managed PostgreSQL services require TLS: `sslmode=require` encrypts, `verify-full` checks
+/// the server's certificate against `sslrootcert` (or the system's roots) and its name. This
+/// machine's server has Debian's self-signed certificate, for `localhost`.
+#[tokio::test]
+async fn postgresql_is_reached_over_tls_and_its_certificate_is_checked_when_asked() {
+    use sqlx::Row as _;
+    const CERTIFICATE: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+    let database = PostgresDatabase::create().await;
+    let localhost = database.url.replace("@127.0.0.1:", "@localhost:");
+    for url in [
+        format!("{}?sslmode=require", database.url),
+        format!("{localhost}?sslmode=verify-full&sslrootcert={CERTIFICATE}"),
+    ] {
+        let store = Store::connect(&url)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"));
+        store.ping().await.expect("ping");
+        let encrypted = sqlx::query(
+            "SELECT bool_and(s.ssl) AND count(*) > 0 FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+             WHERE a.datname = $1",
+        )
+        .bind(&database.name)
+        .fetch_one(&database.admin)
+        .await
+        .expect("pg_stat_ssl")
+        .get::<bool, _>(0);
+        assert!(
+            encrypted,
+            "{url}: every connection of the store is encrypted"
+        );
+        store.close().await;
+    }
+    // Not the name the certificate was made for: refused, saying why.
+    let url = format!(
+        "{}?sslmode=verify-full&sslrootcert={CERTIFICATE}",
+        database.url
+    );
+    let error = Store::connect(&url)
+        .await
+        .expect_err("another name")
+        .to_string();
+    assert!(
+        error.contains("certificate not valid for name"),
+        "{url}: {error}"
+    );
+    database.drop_database().await;
+}
+
 #[tokio::test]
 async fn the_audit_log_keeps_operator_actions() {
     with_each_backend(|store| async move {
