@@ -792,6 +792,16 @@ impl Registry {
             .parent()
             .map(Path::to_owned)
             .unwrap_or_default();
+        // Names the service finds runs by (every start and reindex reads them as a manifest or
+        // a replacement under way): an output so named would be reported unreadable forever.
+        if let Some(suffix) = ["_manifest.json", "_replace_intent.json"]
+            .into_iter()
+            .find(|suffix| name.ends_with(suffix))
+        {
+            return refuse(format!(
+                "is named as a run's {suffix} file, which the service reads as one: give the output another name"
+            ));
+        }
         if let Some(owner) = recovery_sidecar::read_regular(&paths.manifest)
             .ok()
             .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())

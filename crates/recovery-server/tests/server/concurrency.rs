@@ -693,6 +693,12 @@ async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_
             "companion",
         ),
         (
+            "an output named as a manifest, with no run beside it",
+            json!(app.root.join("lone/y_manifest.json")),
+            rows(),
+            "_manifest.json",
+        ),
+        (
             "an output whose companion is another run's output",
             json!(app.root.join("other/c.jsonl")),
             rows(),
