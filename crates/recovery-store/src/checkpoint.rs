@@ -11,7 +11,7 @@
 //! Invariant: the checkpointing task ends when the store's last clone is dropped or the store
 //! is closed; it never holds a pool connection.
 
-use sqlx::{AnyConnection, Connection};
+use sqlx::{AnyConnection, ConnectOptions as _, Connection};
 use std::time::Duration;
 
 /// How often the log is checkpointed: often enough that it stays a few MB under load.
@@ -37,7 +37,11 @@ impl Checkpointer {
     /// Opens the checkpointer's connection to the (already migrated, WAL) database at `url`
     /// and starts checkpointing.
     pub(crate) async fn start(url: &str) -> Result<Self, sqlx::Error> {
-        let mut connection = AnyConnection::connect(url).await?;
+        // Its statement, five times a second, is not logged (debug logs were mostly it).
+        let options = std::str::FromStr::from_str(url).map(|o: sqlx::any::AnyConnectOptions| {
+            o.log_statements(tracing::log::LevelFilter::Off)
+        })?;
+        let mut connection = AnyConnection::connect_with(&options).await?;
         sqlx::query("PRAGMA busy_timeout = 10000")
             .execute(&mut connection)
             .await?;

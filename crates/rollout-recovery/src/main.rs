@@ -117,15 +117,21 @@ fn env_max_attempts() -> u64 {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
-        // The PostgreSQL driver warns of a URL parameter it ignores with its value, which may
-        // be a password (the store refuses such URLs first; this holds whatever RR_LOG says).
-        .add_directive(
-            "sqlx_postgres::options::parse=error"
-                .parse()
-                .expect("static directive"),
-        );
+    let filter = match std::env::var("RR_LOG") {
+        Err(_) => tracing_subscriber::EnvFilter::new("info"),
+        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
+            // Said before logging starts: a filter that cannot be read is never silently info.
+            eprintln!("warning: RR_LOG={text:?} is not a log filter ({e}); logging at info");
+            tracing_subscriber::EnvFilter::new("info")
+        }),
+    }
+    // The PostgreSQL driver warns of a URL parameter it ignores with its value, which may
+    // be a password (the store refuses such URLs first; this holds whatever RR_LOG says).
+    .add_directive(
+        "sqlx_postgres::options::parse=error"
+            .parse()
+            .expect("static directive"),
+    );
     // Colours only for a terminal: a log file or journal gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

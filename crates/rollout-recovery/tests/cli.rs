@@ -1488,6 +1488,30 @@ fn a_start_that_cannot_reach_its_database_says_why_once() {
 }
 
 #[test]
+fn a_log_filter_that_cannot_be_read_is_said_not_silently_replaced() {
+    let dir = tempfile::tempdir().expect("dir");
+    // A setting refused at once ends the start right after logging begins.
+    let output = Command::new(BIN)
+        .args([
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--max-rollout-attempts",
+            "0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .env("RR_LOG", "debug,recovery=loud")
+        .output()
+        .expect("serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("warning: RR_LOG=\"debug,recovery=loud\" is not a log filter"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn a_start_on_a_port_in_use_fails_before_it_makes_any_file() {
     let dir = tempfile::tempdir().expect("dir");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
