@@ -272,6 +272,10 @@ fn openapi(write: bool, check: bool, path: PathBuf) -> anyhow::Result<()> {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // TLS to PostgreSQL checks certificates with the process's crypto provider: named here, so
+    // it never depends on which providers the build's crates happen to enable (two make
+    // rustls refuse to choose).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // Blocking work (file reads, digests, plan builds, journal writes) is short or bounded by
     // the service's heavy-work limits; a few threads per core keep the cores busy, while every
     // extra thread keeps its own allocator heap (measured: ~4.5 MB of RSS each under load).

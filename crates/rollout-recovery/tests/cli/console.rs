@@ -56,6 +56,10 @@ async fn browser(driver: &Driver) -> Client {
         "goog:chromeOptions".into(),
         json!({"binary": "/usr/bin/chromium", "args": ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,800"]}),
     );
+    // The workspace's rustls has two crypto providers in a test build (sqlx's TLS to
+    // PostgreSQL uses ring, the WebDriver client's default is aws-lc-rs): name one. Another
+    // test of this binary may have installed it first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     ClientBuilder::rustls()
         .expect("tls")
         .capabilities(capabilities)
