@@ -119,11 +119,19 @@ fn env_max_attempts() -> u64 {
 fn init_logging(json: bool) {
     let filter = match std::env::var("RR_LOG") {
         Err(_) => tracing_subscriber::EnvFilter::new("info"),
-        Ok(text) => tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
-            // Said before logging starts: a filter that cannot be read is never silently info.
-            eprintln!("warning: RR_LOG={text:?} is not a log filter ({e}); logging at info");
-            tracing_subscriber::EnvFilter::new("info")
-        }),
+        Ok(text) => {
+            // Said before logging starts: a filter that cannot be read is never silently info,
+            // and a misspelt level (read as a module's name) never silently logs nothing.
+            if let Some(word) = unknown_bare_word(&text) {
+                eprintln!(
+                    "warning: RR_LOG={text:?}: {word:?} is no level (off, error, warn, info, debug, trace) and is read as a module's name"
+                );
+            }
+            tracing_subscriber::EnvFilter::try_new(&text).unwrap_or_else(|e| {
+                eprintln!("warning: RR_LOG={text:?} is not a log filter ({e}); logging at info");
+                tracing_subscriber::EnvFilter::new("info")
+            })
+        }
     }
     // The PostgreSQL driver warns of a URL parameter it ignores with its value, which may
     // be a password (the store refuses such URLs first; this holds whatever RR_LOG says).
@@ -142,6 +150,29 @@ fn init_logging(json: bool) {
     } else {
         builder.init();
     }
+}
+
+/// The first directive of `filter` that is a bare word (no `=`) naming no level and no module of
+/// this service or the crates it logs through: most likely a misspelt level (`inof`).
+fn unknown_bare_word(filter: &str) -> Option<&str> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    const MODULES: [&str; 8] = [
+        "rollout_recovery",
+        "recovery_",
+        "sqlx",
+        "tower_http",
+        "axum",
+        "hyper",
+        "tokio",
+        "reqwest",
+    ];
+    filter.split(',').map(str::trim).find(|word| {
+        !word.is_empty()
+            && !word.contains(['=', '[', ':'])
+            && !LEVELS.contains(&word.to_ascii_lowercase().as_str())
+            && word.parse::<u8>().is_err()
+            && !MODULES.iter().any(|m| word.starts_with(m))
+    })
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -1509,6 +1509,28 @@ fn a_log_filter_that_cannot_be_read_is_said_not_silently_replaced() {
         stderr.contains("warning: RR_LOG=\"debug,recovery=loud\" is not a log filter"),
         "{stderr}"
     );
+    // A misspelt level is a valid filter (a module's name) that would log nothing.
+    for (filter, warned) in [
+        ("inof", true),
+        ("debug", false),
+        ("recovery_store=debug", false),
+    ] {
+        let output = Command::new(BIN)
+            .args([
+                "serve",
+                "--bind",
+                "127.0.0.1:0",
+                "--max-rollout-attempts",
+                "0",
+            ])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .env("RR_LOG", filter)
+            .output()
+            .expect("serve");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.contains("is no level"), warned, "{filter}: {stderr}");
+    }
 }
 
 #[test]

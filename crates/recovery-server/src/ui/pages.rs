@@ -372,7 +372,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                         fieldset {
                             legend { "Take the run over: end the current lease at once, leaving the run free for the next collector (audited)" }
                             input type="hidden" name="csrf" value=(visitor.csrf);
-                            label for="takeover-holder" { "New holder" }
+                            label for="takeover-holder" { "Taken over by (recorded in the audit)" }
                             input id="takeover-holder" name="holder" required maxlength="256" value={ "operator:" (visitor.caller.name) };
                             label for="takeover-reason" { "Reason" }
                             input id="takeover-reason" name="reason" required maxlength="4096";
