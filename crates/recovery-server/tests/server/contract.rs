@@ -1360,20 +1360,15 @@ async fn framework_answers_come_out_in_the_error_shape() {
 
 /// Every file under `dir` (the database, its log, the sidecars) that holds `needle`.
 fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("dir") {
-        let path = entry.expect("entry").path();
-        if path.is_dir() {
-            found.extend(files_holding(&path, needle));
-        } else if std::fs::read(&path)
-            .expect("file")
-            .windows(needle.len())
-            .any(|w| w == needle)
-        {
-            found.push(path);
-        }
-    }
-    found
+    files_under(dir)
+        .into_iter()
+        .filter(|path| {
+            std::fs::read(path)
+                .expect("file")
+                .windows(needle.len())
+                .any(|w| w == needle)
+        })
+        .collect()
 }
 
 #[tokio::test]
