@@ -671,21 +671,14 @@ impl Leases {
             Some((_, run_lock)) => Some(self.local.lock(&run_lock).await),
             None => None,
         };
-        let ending = self
-            .store
-            .get_lease(run_id)
-            .await?
-            .filter(|lease| lease.lease_id == lease_id);
-        let released = self.store.release_lease(run_id, lease_id).await?;
+        let ended = self.store.end_lease(run_id, lease_id).await?;
         self.forget(run_id, lease_id);
-        match ending {
-            Some(lease) if released => {
-                let details = serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid});
-                Ok(self.audit(actor, "lease.released", run_id, details).await?)
-            }
-            _ if released => Ok(()),
-            _ => Err(not_holder(run_id, lease_id)),
-        }
+        let Some(lease) = ended else {
+            return Err(not_holder(run_id, lease_id));
+        };
+        let details =
+            serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid});
+        Ok(self.audit(actor, "lease.released", run_id, details).await?)
     }
 
     /// Ends our lease of a run when it has expired (or was taken over by another replica):

@@ -236,9 +236,10 @@ type Tx<'a> = sqlx::Transaction<'a, Any>;
 /// together each convert what is still clear.
 async fn digest_clear_lease_ids(pool: &AnyPool) -> Result<(), StoreError> {
     let clear: Vec<(String,)> = sqlx::query_as(
-        "SELECT lease_id FROM leases WHERE lease_id NOT LIKE 'sha256:%' \
-         UNION SELECT lease_id FROM lease_locks WHERE lease_id NOT LIKE 'sha256:%'",
+        "SELECT lease_id FROM leases WHERE lease_id NOT LIKE $1 \
+         UNION SELECT lease_id FROM lease_locks WHERE lease_id NOT LIKE $1",
     )
+    .bind(format!("{LEASE_DIGEST_PREFIX}%"))
     .fetch_all(pool)
     .await?;
     if clear.is_empty() {
@@ -1472,31 +1473,44 @@ impl Store {
 
     /// Ends a lease held under `lease_id`; `false` when it was not held.
     pub async fn release_lease(&self, run_id: &str, lease_id: &str) -> Result<bool, StoreError> {
-        let result = self.release_lease_uncached(run_id, lease_id).await;
+        Ok(self.end_lease(run_id, lease_id).await?.is_some())
+    }
+
+    /// [`Self::release_lease`] answering the lease it ended.
+    pub async fn end_lease(
+        &self,
+        run_id: &str,
+        lease_id: &str,
+    ) -> Result<Option<Lease>, StoreError> {
+        let result = self.end_lease_uncached(run_id, lease_id).await;
         self.owner.leases.forget(run_id);
         result
     }
 
     /// Deletes the lease and the record of its lock files, in one transaction.
-    async fn release_lease_uncached(
+    async fn end_lease_uncached(
         &self,
         run_id: &str,
         lease_id: &str,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Lease>, StoreError> {
         let mut tx = self.pool.begin().await?;
-        let ended = sqlx::query("DELETE FROM leases WHERE run_id = $1 AND lease_id = $2")
+        let sql = format!(
+            "DELETE FROM leases WHERE run_id = $1 AND lease_id = $2 RETURNING {}",
+            Self::LEASE_COLUMNS
+        );
+        let ended = sqlx::query(&sql)
             .bind(run_id)
             .bind(lease_id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
+            .fetch_optional(&mut *tx)
+            .await?;
+        let ended = ended.as_ref().map(Self::lease_from_row).transpose()?;
         sqlx::query("DELETE FROM lease_locks WHERE run_id = $1 AND lease_id = $2")
             .bind(run_id)
             .bind(lease_id)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        Ok(ended == 1)
+        Ok(ended)
     }
 
     /// Replaces whatever lease a run has (an operator's takeover); returns the one it ended.
