@@ -306,7 +306,7 @@ impl Registry {
         lease_id: &str,
     ) -> Result<(), OpError> {
         let live = self.live_lease_in(run, run_id).await?;
-        if live.is_some_and(|l| l.lease_id == recovery_store::lease_digest(lease_id)) {
+        if live.is_some_and(|l| l.is_presented_as(lease_id)) {
             Ok(())
         } else {
             Err(OpError::LeaseNotHeld(format!(

@@ -5,7 +5,7 @@ use crate::error::{ApiError, ApiResult, ErrorCode};
 use metrics_exporter_prometheus::PrometheusHandle;
 use recovery_runs::{Leases, LockedRun, Registry};
 use recovery_sidecar::SidecarPaths;
-use recovery_store::{RunRecord, lease_digest};
+use recovery_store::RunRecord;
 use std::sync::{Arc, OnceLock};
 
 /// Request bodies up to this size are parsed on the async worker that received them: reading
@@ -285,7 +285,7 @@ impl AppState {
             return error;
         }
         match self.leases.holder(run_id).await {
-            Ok(Some(lease)) if lease.lease_id == lease_digest(presented) => error,
+            Ok(Some(lease)) if lease.is_presented_as(presented) => error,
             Ok(_) => ApiError::lease_not_held_on(run_id),
             Err(_) => error,
         }
@@ -308,7 +308,7 @@ impl AppState {
                 format!("run {run_id} is held by {}", lease.holder),
             )
             .with_details(serde_json::json!({"holder": crate::error::lease_holder(&lease)}))),
-            (Some(lease), Some(presented)) if lease_digest(presented) == lease.lease_id => Ok(()),
+            (Some(lease), Some(presented)) if lease.is_presented_as(presented) => Ok(()),
             (_, Some(_)) => Err(ApiError::lease_not_held_on(run_id)),
             (None, None) => Ok(()),
         }

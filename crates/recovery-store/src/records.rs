@@ -185,6 +185,13 @@ pub struct Lease {
     pub replica: String,
 }
 
+impl Lease {
+    /// Whether `presented`, a lease id as its holder sends it, is this lease's.
+    pub fn is_presented_as(&self, presented: &str) -> bool {
+        self.lease_id == crate::lease_digest(presented)
+    }
+}
+
 /// Which audit entries to list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AuditFilter {
