@@ -263,6 +263,18 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
         &serde_json::to_vec(&foreign).expect("json"),
     )
     .expect("append");
+    // A time RFC 3339 allows whose instant is past year 9999 in UTC (its offset carries it
+    // there): reported, never a panic of the reindex.
+    let beyond_the_years = DriftLine {
+        id: Some("d-beyond".into()),
+        at: "9999-12-31T23:30:00-01:00".into(),
+        ..sidecar_only.clone()
+    };
+    recovery_sidecar::append_line(
+        &paths.resume_drift,
+        &serde_json::to_vec(&beyond_the_years).expect("json"),
+    )
+    .expect("append");
     recovery_sidecar::append_line(&paths.rerun_masked, br#"{"approval_id":"a1","at":"t","by":"op","reason":"r","task_index":3,"rollout_index":0,"attempt_index":1}"#).expect("append");
     recovery_sidecar::append_line(&paths.rerun_masked, b"not json").expect("append");
     recovery_sidecar::append_line(
@@ -285,9 +297,17 @@ async fn journals_written_before_a_crash_reach_the_database_by_reindex() {
     );
     assert_eq!(
         report.unreadable.len(),
-        2,
-        "the unreadable approval line is reported, and approves nothing; so is the foreign \
-         drift line: {:?}",
+        3,
+        "the unreadable approval line is reported, and approves nothing; so are the foreign \
+         drift line and the one beyond the years: {:?}",
+        report.unreadable
+    );
+    assert!(
+        report
+            .unreadable
+            .iter()
+            .any(|(_, why)| why.starts_with("at: ")),
+        "{:?}",
         report.unreadable
     );
     assert!(

@@ -717,6 +717,24 @@ async fn drift_history_is_queryable_per_run_and_across_runs() {
         "{}",
         recent.body
     );
+    // The newest event is at `now` exactly: a `from` 100 ns later (finer than the stored
+    // microseconds) is after it and must not take it in.
+    let newest = recovery_sidecar::format_rfc3339(now);
+    let just_after = newest.replace('Z', "1Z").replace(':', "%3A");
+    let after_newest = app
+        .call(
+            Method::GET,
+            &format!("/drift?from={just_after}"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        after_newest.body["events"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        after_newest.body
+    );
     let bad = app
         .call(Method::GET, "/drift?from=yesterday", Some(VIEWER), None)
         .await;
@@ -729,6 +747,21 @@ async fn drift_history_is_queryable_per_run_and_across_runs() {
             .as_str()
             .expect("message")
             .starts_with("from:")
+    );
+    let unencoded_plus = app
+        .call(
+            Method::GET,
+            "/drift?from=2026-11-29T10:00:00+01:00",
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert!(
+        unencoded_plus.body["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("from:") && m.contains("%2B")),
+        "{}",
+        unencoded_plus.body
     );
     let bad_cursor = app
         .call(Method::GET, "/drift?cursor=zzz", Some(VIEWER), None)

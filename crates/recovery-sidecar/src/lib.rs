@@ -41,13 +41,47 @@ pub fn format_rfc3339(at: time::OffsetDateTime) -> String {
     )
 }
 
+/// Why a text is no time of the stored form.
+#[derive(Debug, thiserror::Error)]
+pub enum TimeError {
+    #[error(transparent)]
+    NotRfc3339(#[from] time::error::Parse),
+    /// RFC 3339 allows offsets that carry an instant past the stored form's four-digit years.
+    #[error("it is outside the years 0000 to 9999 in UTC")]
+    OutOfRange,
+}
+
 /// An RFC 3339 time in the fixed-width UTC form of [`format_rfc3339`] (`+00:00`, other offsets
 /// and other precisions as Python's `isoformat()` writes them become the same instant in that
-/// form), so times compare and sort as text; the parser's reason when `text` is no RFC 3339
-/// time.
-pub fn normalize_rfc3339(text: &str) -> Result<String, time::error::Parse> {
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+/// form, truncated to the microsecond), so times compare and sort as text.
+pub fn normalize_rfc3339(text: &str) -> Result<String, TimeError> {
+    utc(text).map(format_rfc3339)
+}
+
+/// The earliest stored time (fixed-width, microseconds: [`format_rfc3339`]) that is not before
+/// the instant `text` names: a bound finer than a microsecond rounds up, so `at >= bound` and
+/// `at < bound` over stored times say what they would over the instants themselves (truncating
+/// took in an event from before a `from` such as `...00.0000005Z`).
+pub fn stored_time_bound(text: &str) -> Result<String, TimeError> {
+    let at = utc(text)?;
+    let at = match at.nanosecond() % 1_000 {
+        0 => Some(at),
+        below_a_microsecond => at.checked_add(time::Duration::nanoseconds(i64::from(
+            1_000 - below_a_microsecond,
+        ))),
+    };
+    at.filter(|at| at.year() <= 9999)
         .map(format_rfc3339)
+        .ok_or(TimeError::OutOfRange)
+}
+
+/// The instant `text` names, in UTC and within the stored form's years.
+fn utc(text: &str) -> Result<time::OffsetDateTime, TimeError> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)?
+        // An offset can carry the instant out of the years the type holds: no panic on input.
+        .checked_to_offset(time::UtcOffset::UTC)
+        .filter(|at| (0..=9999).contains(&at.year()))
+        .ok_or(TimeError::OutOfRange)
 }
 
 /// A fresh identifier (`uuid4().hex`: 32 lowercase hex digits), as run ids and event ids are.

@@ -567,3 +567,54 @@ fn a_python_collector_and_this_service_exclude_each_other() {
         .expect("python3");
     assert_eq!(String::from_utf8_lossy(&probe.stdout).trim(), "acquired");
 }
+
+#[test]
+fn a_time_bound_is_the_earliest_stored_time_not_before_its_instant() {
+    let cases: [(&str, Option<&str>); 9] = [
+        // Already at a microsecond (any offset, any precision down to it): unchanged instant.
+        ("2026-11-29T10:00:00Z", Some("2026-11-29T10:00:00.000000Z")),
+        (
+            "2026-11-29T11:00:00.25+01:00",
+            Some("2026-11-29T10:00:00.250000Z"),
+        ),
+        (
+            "2026-11-29T10:00:00.123456Z",
+            Some("2026-11-29T10:00:00.123456Z"),
+        ),
+        // Finer than a microsecond: the next microsecond, never the one before the instant.
+        (
+            "2026-11-29T10:00:00.1234561Z",
+            Some("2026-11-29T10:00:00.123457Z"),
+        ),
+        (
+            "2026-11-29T10:00:00.0000005Z",
+            Some("2026-11-29T10:00:00.000001Z"),
+        ),
+        (
+            "2026-11-29T23:59:59.999999001Z",
+            Some("2026-11-30T00:00:00.000000Z"),
+        ),
+        // Instants the fixed-width form cannot hold.
+        ("9999-12-31T23:30:00-01:00", None),
+        ("0000-01-01T00:30:00+01:00", None),
+        ("9999-12-31T23:59:59.9999999Z", None),
+    ];
+    for (text, expected) in cases {
+        let bound = recovery_sidecar::stored_time_bound(text);
+        assert_eq!(bound.as_deref().ok(), expected, "{text}");
+        if expected.is_none() {
+            assert!(
+                matches!(bound, Err(recovery_sidecar::TimeError::OutOfRange)),
+                "{text}"
+            );
+            assert!(
+                recovery_sidecar::normalize_rfc3339(text).is_err()
+                    || text.starts_with("9999-12-31T23:59:59")
+            );
+        }
+    }
+    assert!(matches!(
+        recovery_sidecar::stored_time_bound("2026-11-29 10:00:00"),
+        Err(recovery_sidecar::TimeError::NotRfc3339(_))
+    ));
+}

@@ -194,14 +194,23 @@ fn drift_time_cursor(text: &str) -> ApiResult<Cursor> {
     time_cursor(text)
 }
 
-/// Normalises an RFC 3339 bound to the stored fixed-width form.
+/// An RFC 3339 bound in the stored form (rounded up to the microsecond the stored times have:
+/// [`recovery_sidecar::stored_time_bound`]).
 fn time_bound(field: &str, text: &str) -> ApiResult<String> {
-    recovery_sidecar::normalize_rfc3339(text).map_err(|e| {
+    let refused = |reason: String| {
         ApiError::invalid_field(
             field,
-            format!("{field}: {text:?} is not an RFC 3339 time: {e}"),
+            format!("{field}: {text:?} is not an RFC 3339 time: {reason}"),
         )
-    })
+    };
+    match recovery_sidecar::stored_time_bound(text) {
+        Ok(bound) => Ok(bound),
+        // A query string reads an unencoded `+` as a space: the offset's sign is lost.
+        Err(e) if text.contains(' ') => Err(refused(format!(
+            "{e} (a `+` in a query string is read as a space: send it as %2B)"
+        ))),
+        Err(e) => Err(refused(e.to_string())),
+    }
 }
 
 async fn drift_page(

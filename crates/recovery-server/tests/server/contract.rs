@@ -401,6 +401,21 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "from",
         ),
+        // An offset whose `+` was not encoded (a query string reads it as a space).
+        (
+            Method::GET,
+            "/drift?from=2026-11-29T10:00:00+01:00".to_owned(),
+            VIEWER,
+            None,
+            "from",
+        ),
+        (
+            Method::GET,
+            "/drift?to=9999-12-31T23:30:00-01:00".to_owned(),
+            VIEWER,
+            None,
+            "to",
+        ),
         (
             Method::GET,
             "/drift?to=2026-13-01T00:00:00Z".to_owned(),
