@@ -294,22 +294,19 @@ pub enum StartError {
 /// Connects the store (migrating it), reindexes the sidecars under the roots, builds the state.
 pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
     config.check().map_err(StartError::Config)?;
-    for dir in std::iter::once(&config.data_dir).chain(config.roots.iter()) {
-        std::fs::create_dir_all(dir).map_err(|source| StartError::Io {
-            path: dir.display().to_string(),
-            source,
-        })?;
-    }
-    // `--root /tmp/..` or a link to `/` is the file system root too: every start would read it.
-    for root in &config.roots {
-        if std::fs::canonicalize(root).is_ok_and(|r| r.parent().is_none()) {
-            return Err(StartError::Config(format!(
-                "--root {}: resolves to the file system root, which cannot be a root of runs",
-                root.display()
-            )));
-        }
+    refuse_file_system_root(&config.roots)?;
+    // The embedded database is made in the data directory; every other directory waits until
+    // the database is reached, so a start refused there (PostgreSQL down, the database owned
+    // by another process) leaves nothing behind.
+    if config.database_url.is_none() {
+        create_dir(&config.data_dir)?;
     }
     let store = Store::connect(&config.database_url()).await?;
+    for dir in std::iter::once(&config.data_dir).chain(config.roots.iter()) {
+        create_dir(dir)?;
+    }
+    // A root made just now is resolved only now (`--root /tmp/new/..`).
+    refuse_file_system_root(&config.roots)?;
     let registry = Registry::new(
         store,
         Confinement::new(config.roots.clone())?,
@@ -374,6 +371,27 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         heavy: Arc::new(state::HeavyWork::for_this_machine()),
         plans: Arc::new(state::HeavyWork::plans_for_this_machine()),
     })
+}
+
+fn create_dir(dir: &std::path::Path) -> Result<(), StartError> {
+    std::fs::create_dir_all(dir).map_err(|source| StartError::Io {
+        path: dir.display().to_string(),
+        source,
+    })
+}
+
+/// `--root /tmp/..` or a link to `/` is the file system root too: every start would read it.
+fn refuse_file_system_root(roots: &[std::path::PathBuf]) -> Result<(), StartError> {
+    match roots
+        .iter()
+        .find(|root| std::fs::canonicalize(root).is_ok_and(|r| r.parent().is_none()))
+    {
+        Some(root) => Err(StartError::Config(format!(
+            "--root {}: resolves to the file system root, which cannot be a root of runs",
+            root.display()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Takes again the locks of live leases nobody holds: at the start, this service's own from

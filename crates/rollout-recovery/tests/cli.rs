@@ -1485,6 +1485,10 @@ fn a_start_that_cannot_reach_its_database_says_why_once() {
         error.contains("127.0.0.1:1") && !error.contains("PWX"),
         "{error}"
     );
+    assert!(
+        !dir.path().join("data").exists(),
+        "a start refused at its database leaves no directory behind"
+    );
 }
 
 #[test]
