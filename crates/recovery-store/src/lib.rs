@@ -56,6 +56,13 @@ pub enum StoreError {
     /// which may be a password spelt otherwise: `PASSWORD=`, `passwd=`).
     #[error("database URL: unknown query parameter `{0}` (PostgreSQL's are {list})", list = POSTGRES_PARAMETERS.join(", "))]
     UnknownParameter(String),
+    /// A file a PostgreSQL URL names for TLS (`sslrootcert`, `sslcert`, `sslkey`) cannot be read.
+    #[error("database URL: {parameter}={path} cannot be read: {reason}")]
+    UnreadableFile {
+        parameter: String,
+        path: String,
+        reason: String,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     #[error("migration failed: {0}")]
@@ -508,8 +515,25 @@ fn refuse_unknown_postgres_parameters(url: &str) -> Result<(), StoreError> {
         .find(|(key, _)| !POSTGRES_PARAMETERS.contains(&key.as_ref()))
     {
         Some((key, _)) => Err(StoreError::UnknownParameter(key.into_owned())),
-        None => Ok(()),
+        None => refuse_unreadable_tls_files(&parsed),
     }
+}
+
+/// A certificate or key file the URL names that cannot be read, named with its parameter (the
+/// driver's own refusal names neither).
+fn refuse_unreadable_tls_files(parsed: &url::Url) -> Result<(), StoreError> {
+    for (key, path) in parsed.query_pairs() {
+        if matches!(key.as_ref(), "sslrootcert" | "sslcert" | "sslkey") {
+            if let Err(e) = std::fs::File::open(path.as_ref()) {
+                return Err(StoreError::UnreadableFile {
+                    parameter: key.into_owned(),
+                    path: path.into_owned(),
+                    reason: e.to_string(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What an unsupported URL is named by: its scheme when it has one, never the rest.

@@ -962,6 +962,17 @@ async fn postgresql_is_reached_over_tls_and_its_certificate_is_checked_when_aske
         error.contains("certificate not valid for name"),
         "{url}: {error}"
     );
+    // A file the URL names that is not there: refused naming the parameter and the file.
+    let missing = "/nonexistent/root.pem";
+    let url = format!("{localhost}?sslmode=verify-full&sslrootcert={missing}");
+    let error = Store::connect(&url)
+        .await
+        .expect_err("no such file")
+        .to_string();
+    assert!(
+        error.contains(&format!("sslrootcert={missing} cannot be read")),
+        "{url}: {error}"
+    );
     database.drop_database().await;
 }
 
