@@ -348,7 +348,7 @@ async fn a_run_end_to_end_over_a_real_socket() {
             "--follow",
         ])
         .env("RR_TOKEN", VIEWER)
-        .output()
+        .output_within(FOLLOWER_LIMIT)
         .expect("cli");
     assert!(
         !typo.status.success() && String::from_utf8_lossy(&typo.stderr).contains("not_found"),
@@ -402,6 +402,42 @@ async fn a_run_end_to_end_over_a_real_socket() {
         fourth,
         "a restarted follower goes on where it stopped"
     );
+}
+
+/// How long a follower that should stop by itself (refused, or told its cursor expired) may
+/// take: one that follows on instead fails the test rather than hanging it.
+const FOLLOWER_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `Command::output` bounded in time: a command still running at the limit is killed, and the
+/// caller fails saying so.
+trait OutputWithin {
+    fn output_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> std::io::Result<std::process::Output>;
+}
+
+impl OutputWithin for Command {
+    fn output_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> std::io::Result<std::process::Output> {
+        let child = self.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+        let pid = child.id().to_string();
+        let (ended, ended_rx) = std::sync::mpsc::channel::<()>();
+        let watchdog = std::thread::spawn(move || {
+            let late = ended_rx.recv_timeout(limit).is_err();
+            if late {
+                let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            }
+            late
+        });
+        let output = child.wait_with_output();
+        let _ = ended.send(());
+        let late = watchdog.join().expect("watchdog");
+        assert!(!late, "{self:?} was still running after {limit:?}");
+        output
+    }
 }
 
 /// A child process killed and reaped when dropped (also when a test fails: a child left running
@@ -963,7 +999,7 @@ async fn a_follow_cursor_from_before_a_restore_of_an_older_backup_has_expired() 
         .args(["drift", "--url", &server.url, "--follow", "--state"])
         .arg(&state)
         .env("RR_TOKEN", VIEWER)
-        .output()
+        .output_within(FOLLOWER_LIMIT)
         .expect("follower");
     let stderr = String::from_utf8_lossy(&follower.stderr);
     assert!(
@@ -990,7 +1026,7 @@ fn a_follow_state_file_that_cannot_be_written_is_refused_at_once() {
         ])
         .arg(&state)
         .env("RR_TOKEN", VIEWER)
-        .output()
+        .output_within(FOLLOWER_LIMIT)
         .expect("follower");
     let stderr = String::from_utf8_lossy(&follower.stderr);
     assert!(
@@ -1013,7 +1049,7 @@ async fn a_follow_state_that_is_no_cursor_and_an_empty_run_are_refused_naming_th
         .args(["drift", "--url", &server.url, "--follow", "--state"])
         .arg(&state)
         .env("RR_TOKEN", VIEWER)
-        .output()
+        .output_within(FOLLOWER_LIMIT)
         .expect("follower");
     let stderr = String::from_utf8_lossy(&follower.stderr);
     assert!(
@@ -1078,7 +1114,7 @@ async fn run_ids_stay_one_path_segment_and_url_credentials_are_refused_unprinted
         Command::new(BIN)
             .args(["drift", "--follow", "--url", &with_credentials])
             .env("RR_TOKEN", VIEWER)
-            .output()
+            .output_within(FOLLOWER_LIMIT)
             .expect("drift"),
     ] {
         let stderr = String::from_utf8_lossy(&output.stderr);
