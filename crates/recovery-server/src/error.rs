@@ -587,10 +587,16 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
     let value = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        let syntax = inner.is_syntax() || inner.is_eof();
+        // serde stops at the first field it cannot take, before it has read the rest: a body
+        // that is not JSON at all (`{"a":` cut short) is refused as such, not for its fields.
+        if let Some(malformed) = (!syntax).then(|| not_json(body)).flatten() {
+            return ApiError::invalid(format!("body: malformed JSON: {malformed}"));
+        }
         // serde_path_to_error writes `?` for a place it cannot name (a key not yet read).
-        if (inner.is_syntax() || inner.is_eof()) && (path == "." || path.contains('?')) {
+        if syntax && (path == "." || path.contains('?')) {
             ApiError::invalid(format!("body: malformed JSON: {inner}"))
-        } else if inner.is_syntax() || inner.is_eof() {
+        } else if syntax {
             // Where the text stops being JSON (a lone surrogate in a row, a body cut short).
             ApiError::invalid_field(&path, format!("{path}: malformed JSON: {inner}"))
         } else if path == "." {
@@ -600,6 +606,14 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
                 Some(field) => ApiError::invalid_field(&field, format!("{field}: {said}")),
                 None => ApiError::invalid(format!("body: {said}")),
             }
+        } else if let Some(integer) = integer_out_of_range(body, &inner) {
+            // serde_json reads an integer past 64 bits as a float and says "floating point".
+            let expected = without_position(&inner);
+            let expected = expected.rsplit_once(", ").map_or("", |(_, e)| e);
+            ApiError::invalid_field(
+                &path,
+                format!("{path}: invalid value: {integer} is out of range, {expected}"),
+            )
         } else {
             // The field first, as every other refusal of a field says it.
             ApiError::invalid_field(&path, format!("{path}: {}", without_position(&inner)))
@@ -609,6 +623,44 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// Where `body` stops being JSON, if it does (nesting past the parser's own limit is not
+/// reported here: the caller's reader allows it).
+fn not_json(body: &[u8]) -> Option<serde_json::Error> {
+    use serde::Deserialize as _;
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    serde::de::IgnoredAny::deserialize(&mut deserializer)
+        .and_then(|_| deserializer.end())
+        .err()
+        .filter(|e| e.is_syntax() || e.is_eof())
+        .filter(|e| !e.to_string().starts_with("recursion limit exceeded"))
+}
+
+/// The integer literal a "floating point" type error is about, when it was written as an
+/// integer (too large for 64 bits, so serde_json read it as a float): the text just before
+/// where the error is reported.
+fn integer_out_of_range<'a>(body: &'a [u8], error: &serde_json::Error) -> Option<&'a str> {
+    if !error
+        .to_string()
+        .starts_with("invalid type: floating point")
+    {
+        return None;
+    }
+    let line_start = body
+        .split_inclusive(|b| *b == b'\n')
+        .take(error.line().saturating_sub(1))
+        .map(<[u8]>::len)
+        .sum::<usize>();
+    let end = (line_start + error.column()).min(body.len());
+    let before = &body[..end];
+    let start = before
+        .iter()
+        .rposition(|b| !(b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')))
+        .map_or(0, |i| i + 1);
+    let literal = std::str::from_utf8(&before[start..]).ok()?;
+    let digits = literal.strip_prefix('-').unwrap_or(literal);
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(literal)
 }
 
 /// The Rust type names serde's messages end with, in words a caller reads (`pid: invalid

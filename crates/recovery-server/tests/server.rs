@@ -1509,6 +1509,52 @@ async fn classify_plan_and_run_listing_answer_dashboards() {
     );
 }
 
+/// serde stops at the first field it cannot take: a body cut short or followed by more text is
+/// refused as no JSON (it was refused for an unknown or missing field), and an integer past 64
+/// bits is said to be out of range (serde_json reads it as a float and said "floating point").
+#[tokio::test]
+async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
+    let app = TestApp::new().await;
+    let attempts =
+        r#"{"output_path": "o.jsonl", "source_path": "s.jsonl", "max_rollout_attempts": "#;
+    let cases = [
+        (
+            r#"{"a":"#.to_owned(),
+            "body: malformed JSON: EOF while parsing",
+        ),
+        (
+            r#"{"output_path": "o.jsonl"} trailing"#.to_owned(),
+            "body: malformed JSON: trailing characters",
+        ),
+        (
+            format!("{attempts}99999999999999999999999}}"),
+            "max_rollout_attempts: invalid value: 99999999999999999999999 is out of range, expected an integer of 0 or more",
+        ),
+        (
+            format!("{attempts}-99999999999999999999999 }}"),
+            "max_rollout_attempts: invalid value: -99999999999999999999999 is out of range",
+        ),
+        // A number written with a fraction is a float indeed.
+        (
+            format!("{attempts}1.5}}"),
+            "max_rollout_attempts: invalid type: floating point `1.5`, expected an integer of 0 or more",
+        ),
+    ];
+    for (body, said) in cases {
+        let reply = app
+            .call_raw(Method::POST, "/runs", Some(COLLECTOR), Some(body.clone()))
+            .await;
+        assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(said)),
+            "{body}: {}",
+            reply.body
+        );
+    }
+}
+
 #[tokio::test]
 async fn malformed_bodies_unknown_routes_and_oversized_requests_answer_in_the_error_shape() {
     let app = TestApp::with(|config| config.body_limit_bytes = 4096).await;
