@@ -728,12 +728,43 @@ where
                 match field {
                     // The parameter comes first in the message, as a body field's does.
                     Some(field) if text.starts_with(&format!("{field}: ")) => {
-                        ApiError::invalid_field(&field, text.to_owned())
+                        let reason = &text[field.len() + 2..];
+                        let value = query_value(parts.uri.query().unwrap_or(""), &field);
+                        let said = value
+                            .and_then(|value| integer_in_words(reason, &value))
+                            .unwrap_or_else(|| reason.to_owned());
+                        ApiError::invalid_field(&field, format!("{field}: {said}"))
                     }
                     Some(field) => ApiError::invalid_field(&field, format!("{field}: {text}")),
                     None => ApiError::invalid(format!("query: {text}")),
                 }
             })
+    }
+}
+
+/// The first value of the query parameter `name`, decoded.
+fn query_value(query: &str, name: &str) -> Option<String> {
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
+}
+
+/// An integer parameter's refusal in words naming the value, for the standard library's
+/// reasons (`invalid digit found in string` said the same of `-1` and of `abc`).
+fn integer_in_words(reason: &str, value: &str) -> Option<String> {
+    let negative = value
+        .strip_prefix('-')
+        .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
+    match reason {
+        "number too large to fit in target type" => Some(format!("{value} is out of range")),
+        "invalid digit found in string" if negative => {
+            Some(format!("{value} is out of range: it must be 0 or more"))
+        }
+        "invalid digit found in string" => Some(format!("{value:?} is not an integer")),
+        "cannot parse integer from empty string" => {
+            Some("must not be empty (an integer)".to_owned())
+        }
+        _ => None,
     }
 }
 

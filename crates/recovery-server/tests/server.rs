@@ -1555,6 +1555,39 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
     }
 }
 
+/// The standard library's reasons for an integer it cannot read said the same of `-1` and
+/// `abc` ("invalid digit found in string"): a refusal names the value and what is wrong.
+#[tokio::test]
+async fn integer_query_parameters_are_refused_naming_the_value() {
+    let app = TestApp::new().await;
+    for (query, said) in [
+        (
+            "limit=99999999999999999999",
+            "limit: 99999999999999999999 is out of range",
+        ),
+        (
+            "limit=-1",
+            "limit: -1 is out of range: it must be 0 or more",
+        ),
+        ("limit=abc", "limit: \"abc\" is not an integer"),
+        ("limit=1.5", "limit: \"1.5\" is not an integer"),
+        ("limit=", "limit: must not be empty (an integer)"),
+    ] {
+        let reply = app
+            .call(Method::GET, &format!("/drift?{query}"), Some(VIEWER), None)
+            .await;
+        assert_eq!(
+            (
+                reply.status,
+                reply.body["message"].as_str(),
+                reply.body["details"]["field"].as_str()
+            ),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(said), Some("limit")),
+            "{query}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn malformed_bodies_unknown_routes_and_oversized_requests_answer_in_the_error_shape() {
     let app = TestApp::with(|config| config.body_limit_bytes = 4096).await;
