@@ -1502,6 +1502,11 @@ fn move_aside(
         .filter(|p| p.exists())
         .map(|p| (p.clone(), target(p, &suffix)))
         .collect();
+    if planned.is_empty() {
+        // Nothing to move (a replacement of an output that has no run yet): a plain create,
+        // with no intent for the next start to find and report as an interrupted replacement.
+        return Ok(Vec::new());
+    }
     let intent = ReplaceIntent {
         output: paths.output.clone(),
         new_run_id: new_run_id.to_owned(),

@@ -445,6 +445,25 @@ async fn creating_a_run_writes_its_sidecars_and_refuses_bad_input_without_writin
         "old sidecars are moved aside, never deleted"
     );
     assert_ne!(replaced.body["run_id"].as_str(), Some(run_id.as_str()));
+    assert!(
+        !paths.replace_intent.exists(),
+        "a finished replacement leaves no intent"
+    );
+    // `replace` of an output that has no run yet is a plain create: no intent is left for the
+    // next start to report as a replacement a crash interrupted.
+    let mut fresh = app.create_body();
+    fresh["output_path"] = json!(app.root.join("exp4/out.jsonl"));
+    fresh["replace"] = json!(true);
+    let created = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(fresh))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert_eq!(created.body["replaced"], json!([]), "{}", created.body);
+    let leftovers: Vec<_> = files_under(&app.root.join("exp4"))
+        .into_iter()
+        .filter(|f| f.to_string_lossy().ends_with("_replace_intent.json"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
 }
 
 #[tokio::test]
