@@ -719,6 +719,40 @@ async fn drift_history_is_queryable_per_run_and_across_runs() {
         "{}",
         next.body
     );
+    // Newest first: the later event, then (its cursor) the earlier one.
+    let ids = |reply: &Reply| -> Vec<String> {
+        reply.body["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| e["event_id"].as_str().expect("id").to_owned())
+            .collect()
+    };
+    let oldest_first = app.call(Method::GET, "/drift", Some(VIEWER), None).await;
+    let newest = app
+        .call(
+            Method::GET,
+            "/drift?order=newest&limit=1",
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let cursor = newest.body["next_cursor"].as_str().expect("an older page");
+    let older = app
+        .call(
+            Method::GET,
+            &format!(
+                "/drift?order=newest&limit=1&cursor={}",
+                cursor.replace(':', "%3A").replace('|', "%7C")
+            ),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let mut reversed = ids(&oldest_first);
+    reversed.reverse();
+    assert_eq!([ids(&newest), ids(&older)].concat(), reversed);
+    assert!(older.body["next_cursor"].is_null(), "{}", older.body);
     let now = app.clock.now();
     let from =
         recovery_sidecar::format_rfc3339(now - time::Duration::seconds(1)).replace(':', "%3A");

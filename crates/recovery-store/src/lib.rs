@@ -1075,7 +1075,7 @@ impl Store {
         Ok(inserted)
     }
 
-    /// Drift events in time order, each filter driven by its index: a key by the key index in
+    /// Drift events in time order (or newest first), each filter driven by its index: a key by the key index in
     /// time order, a run by the run index, time bounds and cursors as index ranges (a deep page
     /// costs what the first does).
     pub async fn query_drift(&self, filter: &DriftFilter) -> Result<Vec<DriftEvent>, StoreError> {
@@ -1115,13 +1115,20 @@ impl Store {
             let p = next(to, &mut binds);
             sql.push_str(&format!(" AND {o}.at < {p}"));
         }
+        let (beyond, direction) = if filter.newest_first {
+            ("<", " DESC")
+        } else {
+            (">", "")
+        };
         if let Some(cursor) = &filter.after {
             let at = next(&cursor.at, &mut binds);
             let id = next(&cursor.id, &mut binds);
-            sql.push_str(&format!(" AND ({o}.at, {o}.event_id) > ({at}, {id})"));
+            sql.push_str(&format!(
+                " AND ({o}.at, {o}.event_id) {beyond} ({at}, {id})"
+            ));
         }
         sql.push_str(&format!(
-            " ORDER BY {o}.at, {o}.event_id LIMIT {}",
+            " ORDER BY {o}.at{direction}, {o}.event_id{direction} LIMIT {}",
             filter.limit.clamp(1, MAX_ROWS)
         ));
         // The page comes back as one JSON text the database builds: fetched row by row, the
@@ -1145,6 +1152,9 @@ impl Store {
         // The aggregate keeps no promised order (ordering it in SQL made SQLite sort the page
         // again in a temporary table); the page is the inner query's, in (time, id) order.
         rows.sort_unstable_by(|a, b| (&a.2, &a.0).cmp(&(&b.2, &b.0)));
+        if filter.newest_first {
+            rows.reverse();
+        }
         Ok(rows.into_iter().map(DriftRow::into_event).collect())
     }
 

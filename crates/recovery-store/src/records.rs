@@ -86,6 +86,8 @@ pub struct DriftFilter {
     pub to: Option<String>,
     pub after: Option<Cursor>,
     pub limit: u32,
+    /// Newest first (time, then id, descending; `after` is then the page's oldest).
+    pub newest_first: bool,
 }
 
 /// Which drift events to follow in the order they were recorded: the filters of

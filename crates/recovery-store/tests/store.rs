@@ -309,6 +309,37 @@ async fn resume_and_drift_events_are_idempotent_and_queryable() {
             events[0],
             "keys and digests round-trip"
         );
+        // Newest first, with every filter and paging back to older events.
+        let newest = |filter: &DriftFilter| DriftFilter {
+            newest_first: true,
+            ..filter.clone()
+        };
+        assert_eq!(
+            ids(store.query_drift(&newest(&all)).await.expect("all")),
+            ["d4", "d3", "d2", "d1"]
+        );
+        assert_eq!(
+            ids(store.query_drift(&newest(&by_key)).await.expect("key")),
+            ["d4", "d1"]
+        );
+        assert_eq!(
+            ids(store.query_drift(&newest(&by_run)).await.expect("run")),
+            ["d3", "d1"]
+        );
+        let latest = store.query_drift(&newest(&page)).await.expect("page 1");
+        assert_eq!(ids(latest.clone()), ["d4", "d3"]);
+        let oldest_seen = latest.last().expect("item");
+        let older = DriftFilter {
+            after: Some(Cursor {
+                at: oldest_seen.at.clone(),
+                id: oldest_seen.event_id.clone(),
+            }),
+            ..newest(&page)
+        };
+        assert_eq!(
+            ids(store.query_drift(&older).await.expect("page 2")),
+            ["d2", "d1"]
+        );
     })
     .await;
 }

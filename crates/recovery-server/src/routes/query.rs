@@ -42,8 +42,9 @@ pub struct DriftParams {
     /// `follow_cursor`).
     #[param(max_length = 400)]
     pub cursor: Option<String>,
-    /// `time` (default): by `at`, for reading history. `recorded`: in the order the service
-    /// recorded the events, for following the history while it is written (see `follow_cursor`).
+    /// `time` (default): by `at`, for reading history. `newest`: by `at`, newest first.
+    /// `recorded`: in the order the service recorded the events, for following the history
+    /// while it is written (see `follow_cursor`).
     pub order: Option<DriftOrder>,
 }
 
@@ -68,8 +69,9 @@ pub struct RunDriftParams {
     /// `follow_cursor`).
     #[param(max_length = 400)]
     pub cursor: Option<String>,
-    /// `time` (default): by `at`, for reading history. `recorded`: in the order the service
-    /// recorded the events, for following the history while it is written (see `follow_cursor`).
+    /// `time` (default): by `at`, for reading history. `newest`: by `at`, newest first.
+    /// `recorded`: in the order the service recorded the events, for following the history
+    /// while it is written (see `follow_cursor`).
     pub order: Option<DriftOrder>,
 }
 
@@ -109,6 +111,9 @@ pub enum DriftOrder {
     /// In the order the service recorded them: an event recorded later is always after every
     /// cursor handed out before it.
     Recorded,
+    /// By the events' times, newest first (a dashboard's latest events); `next_cursor` goes on
+    /// to older ones.
+    Newest,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -246,7 +251,8 @@ async fn drift_page(
             ));
         }
     }
-    if params.order.unwrap_or_default() == DriftOrder::Recorded {
+    let order = params.order.unwrap_or_default();
+    if order == DriftOrder::Recorded {
         let cursor = params
             .cursor
             .as_deref()
@@ -274,6 +280,7 @@ async fn drift_page(
             .transpose()?,
         // One more than the page: a cursor is given only when another event follows.
         limit: limit + 1,
+        newest_first: order == DriftOrder::Newest,
     };
     let mut events = state.registry.store().query_drift(&filter).await?;
     let more = events.len() > limit as usize;

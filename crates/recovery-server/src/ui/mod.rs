@@ -431,7 +431,8 @@ async fn drift(
         key: blank(&query.key),
         limit: Some(1000),
         cursor: None,
-        order: None,
+        // The newest thousand: the page lists the latest and charts the recent past.
+        order: Some(routes::query::DriftOrder::Newest),
     };
     let page = routes::query::drift(
         State(state.clone()),

@@ -573,7 +573,7 @@ pub fn drift(
                     button type="submit" { "Filter" }
                 }
             }
-            p { (page.events.len()) @if page.events.len() == 1 { " event" } @else { " events" } @if page.next_cursor.is_some() { " (the first 1,000 of the range; narrow the filters for the rest)" } "." }
+            p { (page.events.len()) @if page.events.len() == 1 { " event" } @else { " events" } @if page.next_cursor.is_some() { " (the newest 1,000 of the range; narrow the filters for older ones)" } "." }
             @if let Some(chart) = chart {
                 figure aria-labelledby="chart-caption" {
                     div role="img" aria-label={ "Drift events over time, stacked by key, from " (chart.first) " to " (chart.last) } {
@@ -602,7 +602,7 @@ pub fn drift(
                 caption { "Events, newest first" }
                 thead { tr { th scope="col" { "When" } th scope="col" { "Run" } th scope="col" { "Keys" } th scope="col" { "Digests (saved → current)" } } }
                 tbody {
-                    @for e in page.events.iter().rev().take(200) {
+                    @for e in page.events.iter().take(200) {
                         tr {
                             td { (when(&e.at, now)) }
                             td { a.mono href={ "/ui/runs/" (url_encode(&e.run_id)) } { (e.run_id) } }
