@@ -822,7 +822,7 @@ impl<'a> PlanView<'a> {
     }
 
     /// Why a rollout is in its state.
-    fn reason(decided: &Decided<'_>) -> String {
+    fn reason(&self, decided: &Decided<'_>) -> String {
         let outcome = decided.outcome;
         match decided.state {
             PlanState::Missing if decided.latest.is_none() => {
@@ -867,16 +867,25 @@ impl<'a> PlanView<'a> {
                     .unwrap_or("unknown")
             ),
             PlanState::Retryable | PlanState::Exhausted => {
-                match outcome.and_then(|o| o.classified.masked_infrastructure_kind.as_deref()) {
-                    Some(kind) => format!(
-                        "masked by infrastructure ({kind}) without a saved answer: retried within the cap"
-                    ),
+                let what = match outcome
+                    .and_then(|o| o.classified.masked_infrastructure_kind.as_deref())
+                {
+                    Some(kind) => {
+                        format!("masked by infrastructure ({kind}) without a saved answer")
+                    }
                     None => format!(
-                        "a retryable failure ({}): retried within the cap",
+                        "a retryable failure ({})",
                         outcome
                             .and_then(|o| o.failure_class.as_deref())
                             .unwrap_or("unknown")
                     ),
+                };
+                match decided.state {
+                    PlanState::Exhausted => format!(
+                        "{what}: counted failures {} of a cap of {}, used up; extend the attempts to retry",
+                        decided.counted, self.cap
+                    ),
+                    _ => format!("{what}: retried within the cap"),
                 }
             }
         }
@@ -897,7 +906,7 @@ impl<'a> PlanView<'a> {
             task_index: expected.task_index.to_value(),
             rollout_index: expected.rollout_index.to_value(),
             state: decided.state,
-            reason: Self::reason(&decided),
+            reason: self.reason(&decided),
             latest_attempt: decided.latest,
             next_attempt: runnable.then_some(decided.next),
             counted_failures: decided.counted,

@@ -457,6 +457,16 @@ fn scenario_37_terminal_timeouts_retry_only_with_the_opt_in() {
         (plan.entries[0].state, plan.coverage.attempts_exhausted),
         (PlanState::Exhausted, 1)
     );
+    // An exhausted rollout is not retried, and its reason says so (it said "retried within
+    // the cap").
+    assert_eq!(plan.entries[0].next_attempt, None);
+    assert!(
+        plan.entries[0]
+            .reason
+            .ends_with(": counted failures 1 of a cap of 1, used up; extend the attempts to retry"),
+        "{}",
+        plan.entries[0].reason
+    );
     let plan = opted
         .plan(
             Budget {
