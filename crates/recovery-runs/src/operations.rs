@@ -419,14 +419,22 @@ impl Registry {
                 (plan.manifest.clone(), found)
             })
             .await?;
+        let found = found
+            .into_iter()
+            .zip(rollout_ids)
+            .enumerate()
+            .map(|(i, (entry, id))| {
+                entry.ok_or_else(|| {
+                    OpError::Invalid(format!(
+                        "rollout_ids[{i}]: {id:?} is not in this run's materialized inputs"
+                    ))
+                })
+            })
+            .collect::<Result<Vec<PlanEntry>, OpError>>()?;
+        refuse_unrunnable(&found)?;
         let mut entries: HashMap<&str, PlanEntry> = HashMap::new();
         let mut attempts = BTreeMap::new();
-        for (i, (id, entry)) in rollout_ids.iter().zip(found).enumerate() {
-            let entry = entry.ok_or_else(|| {
-                OpError::Invalid(format!(
-                    "rollout_ids[{i}]: {id:?} is not in this run's materialized inputs"
-                ))
-            })?;
+        for (id, entry) in rollout_ids.iter().zip(found) {
             let attempt = manifest
                 .next_attempt
                 .get(id)
@@ -1474,6 +1482,41 @@ pub struct ReplaceIntent {
     pub new_run_id: String,
     /// Companions moved aside: (from, to).
     pub moves: Vec<(PathBuf, PathBuf)>,
+}
+
+/// Refuses a reservation for rollouts the plan does not run: a scored or model-final answer is
+/// never sampled again, a masked answer only once an operator approved it, and a rollout whose
+/// failures used up its attempts only after an extension. The refusal names every such rollout
+/// with its state (the first 100), and nothing is reserved.
+fn refuse_unrunnable(entries: &[PlanEntry]) -> Result<(), OpError> {
+    let unrunnable: Vec<&PlanEntry> = entries
+        .iter()
+        .filter(|entry| entry.next_attempt.is_none())
+        .collect();
+    let Some(first) = unrunnable.first() else {
+        return Ok(());
+    };
+    let listed: Vec<Value> = unrunnable
+        .iter()
+        .take(100)
+        .map(|entry| {
+            serde_json::json!({
+                "rollout_id": entry.rollout_id,
+                "state": entry.state,
+                "reason": entry.reason,
+            })
+        })
+        .collect();
+    Err(OpError::NotEligible {
+        message: format!(
+            "rollout_ids: {} of the rollouts are not run again by this run's plan (the first, \
+             {:?}: {}); reserve only what GET /runs/{{id}}/plan lists with a next_attempt",
+            unrunnable.len(),
+            first.rollout_id,
+            first.reason
+        ),
+        details: serde_json::json!({"field": "rollout_ids", "not_runnable": listed}),
+    })
 }
 
 /// Moves every existing companion aside under one suffix that no existing file carries

@@ -49,7 +49,8 @@ pub enum ErrorCode {
     RunLocked,
     /// The lease presented does not hold the run.
     LeaseNotHeld,
-    /// The attempt is not eligible for a masked rerun approval.
+    /// The attempt is not eligible for a masked rerun approval, or a rollout for a new
+    /// execution number (the plan does not run it again).
     NotEligible,
     /// The approval was used or revoked already, or a re-judgment closed.
     Conflict,

@@ -1202,6 +1202,63 @@ async fn attempts_are_extended_resubmitted_and_reserved_only_by_their_owners() {
             "{message}"
         );
     }
+    // What the plan does not run again is not reserved: a scored answer never, a masked answer
+    // kept without a grade only once an operator approved it. Nothing is reserved then.
+    let manifest_before =
+        std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+            .expect("manifest");
+    for (ids, states) in [
+        (json!(["0-0"]), json!(["scored"])),
+        (json!(["1-0"]), json!(["awaiting_approval"])),
+        (
+            json!(["0-0", "1-0"]),
+            json!(["scored", "awaiting_approval"]),
+        ),
+    ] {
+        let refused = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/attempts/reserve"),
+                Some(COLLECTOR),
+                Some(json!({"lease_id": lease, "rollout_ids": ids})),
+            )
+            .await;
+        let listed: Vec<&Value> = refused.body["details"]["not_runnable"]
+            .as_array()
+            .map(|list| list.iter().map(|entry| &entry["state"]).collect())
+            .unwrap_or_default();
+        assert_eq!(
+            (
+                refused.status,
+                refused.body["code"].as_str(),
+                refused.body["details"]["field"].as_str(),
+                json!(listed)
+            ),
+            (
+                StatusCode::CONFLICT,
+                Some("not_eligible"),
+                Some("rollout_ids"),
+                states
+            ),
+            "{}",
+            refused.body
+        );
+    }
+    assert_eq!(
+        std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
+            .expect("manifest"),
+        manifest_before,
+        "a refused reservation reserves nothing"
+    );
+    let approved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/approvals"),
+            Some(OPERATOR),
+            Some(json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "the verifier lost the artifact"})),
+        )
+        .await;
+    assert_eq!(approved.status, StatusCode::CREATED, "{}", approved.body);
     let next = app
         .call(
             Method::POST,

@@ -598,6 +598,24 @@ impl Chaos {
         let reply = self
             .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
             .await;
+        if let Some((409, refusal)) = &reply {
+            if code(refusal) == "not_eligible" {
+                // Rollouts picked at random include answers the plan keeps (scored, masked
+                // awaiting an approval): refused by name, nothing reserved.
+                let named: Vec<&str> = refusal["details"]["not_runnable"]
+                    .as_array()
+                    .map(|list| {
+                        list.iter()
+                            .filter_map(|entry| entry["rollout_id"].as_str())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if named.is_empty() || named.iter().any(|id| !ids.contains(*id)) {
+                    self.unexpected("reserve refusal", &path, Some(&body), 409, refusal);
+                }
+                return true;
+            }
+        }
         let Some((200, answer)) = &reply else {
             return self
                 .refused("reserve", slot, run_id, &path, &body, reply)
