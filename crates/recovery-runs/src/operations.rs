@@ -1625,11 +1625,21 @@ fn non_empty(path: &Path) -> bool {
 }
 
 /// Refuses inventories the planner would refuse later (duplicate or malformed logical ids,
-/// indices that are not integers), naming the row.
+/// indices that are not integers), naming the row, and an empty one: a run with nothing to
+/// collect is complete at once, so a collector that materialized nothing by mistake would be
+/// told its evaluation finished.
 fn check_inventory<'a>(rows: impl IntoIterator<Item = &'a Value>) -> Result<(), OpError> {
     use recovery_core::rows::{ROLLOUT_INDEX_KEY, TASK_INDEX_KEY};
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return Err(OpError::Invalid(
+            "rows: no rows: a run needs at least one materialized row to collect (an empty \
+             run would be complete at once)"
+                .to_owned(),
+        ));
+    }
     let mut seen = HashMap::new();
-    for (i, row) in rows.into_iter().enumerate() {
+    for (i, row) in rows.enumerate() {
         if !row.is_object() {
             return Err(OpError::Invalid(format!(
                 "rows[{i}]: must be a JSON object"

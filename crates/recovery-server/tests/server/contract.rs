@@ -119,7 +119,18 @@ async fn an_invalid_field_is_named_in_details() {
     unknown["output_pth"] = json!("typo.jsonl");
     let mut empty_output = app.create_body();
     empty_output["output_path"] = json!("");
+    // No rows: the run would be complete at once.
+    let mut no_rows = app.create_body();
+    no_rows["output_path"] = json!(app.root.join("empty/out.jsonl"));
+    no_rows["rows"] = json!([]);
     let cases = [
+        (
+            Method::POST,
+            "/runs".to_owned(),
+            COLLECTOR,
+            Some(no_rows),
+            "rows",
+        ),
         (
             Method::POST,
             format!("/runs/{run_id}/validate"),
