@@ -649,13 +649,16 @@ impl Registry {
         Ok(approval)
     }
 
-    /// Revokes an approval before an attempt uses it.
+    /// Revokes an approval before an attempt uses it. Whether one did is read from the run's
+    /// files (an attempt reserved after the approved one), not only from the database, which a
+    /// rebuild or a Python collector's reservation leaves unaware of it.
     pub async fn revoke(
         &self,
         run: &LockedRun,
         run_id: &str,
         by: &str,
         approval_id: &str,
+        default_cap: u64,
     ) -> Result<(), OpError> {
         let approvals = self.store().list_approvals(run_id).await?;
         let approval = approvals
@@ -667,6 +670,24 @@ impl Registry {
         if approval.consumed_by_attempt.is_some() || approval.revoked_at.is_some() {
             return Err(OpError::Conflict(format!(
                 "approval {approval_id} was already used or revoked"
+            )));
+        }
+        let triple = (
+            approval.task_index,
+            approval.rollout_index,
+            approval.attempt_index,
+        );
+        let used_by = self
+            .locked_plan(run, default_cap, move |plan| {
+                crate::plans::approval_used_by(&plan.view(), triple)
+            })
+            .await?;
+        if let Some(attempt) = used_by {
+            // The database learns it now (the approval's row said unused).
+            self.store().consume_approval(approval_id, attempt).await?;
+            return Err(OpError::Conflict(format!(
+                "approval {approval_id} was already used: attempt {attempt} was reserved after the approved attempt {}",
+                triple.2
             )));
         }
         self.revoke_approval(run, approval_id).await?;

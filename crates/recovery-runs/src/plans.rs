@@ -279,6 +279,19 @@ pub struct RunPlan<'a> {
     summary: Option<(&'a SummaryCell, SummaryInputs)>,
 }
 
+/// The attempt that used an approval of `(task, rollout, attempt)`, read from the run's files:
+/// an approval names its rollout's latest attempt when given, so once a later attempt was
+/// reserved (the next one, `attempt + 1`, is the rerun it allowed) the approval is spent.
+pub fn approval_used_by(
+    view: &PlanView<'_>,
+    (task, rollout, attempt): (i64, i64, i64),
+) -> Option<i64> {
+    view.entry_at_indices(task, rollout)?
+        .latest_attempt
+        .filter(|latest| *latest > attempt)
+        .map(|_| attempt + 1)
+}
+
 impl RunPlan<'_> {
     /// The plan under the run's manifest, cap and approvals.
     pub fn view(&self) -> PlanView<'_> {

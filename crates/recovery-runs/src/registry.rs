@@ -728,6 +728,42 @@ impl Registry {
         }
     }
 
+    /// Approvals the database learns from the journal (a rebuild, a Python collector's line)
+    /// that an attempt reserved since has used, as the run's files tell: recorded as used, so
+    /// they are listed as such and never revoked afterwards.
+    async fn mark_used_approvals(
+        &self,
+        paths: &SidecarPaths,
+        manifest: &RunManifest,
+        inserted: Vec<Approval>,
+    ) -> Result<(), RegistryError> {
+        if inserted.is_empty() {
+            return Ok(());
+        }
+        let (caches, plan_paths) = (self.caches.clone(), paths.clone());
+        // Which attempt used an approval does not depend on the cap; the saved one will do.
+        let cap = manifest.max_rollout_attempts.unwrap_or(3);
+        let used = blocking(move || {
+            let used = caches.plans.with_plan(&plan_paths, cap, |plan| {
+                let view = plan.view();
+                inserted
+                    .into_iter()
+                    .filter_map(|a| {
+                        let triple = (a.task_index, a.rollout_index, a.attempt_index);
+                        crate::plans::approval_used_by(&view, triple).map(|n| (a.approval_id, n))
+                    })
+                    .collect::<Vec<_>>()
+            });
+            // A run whose files cannot be planned is reported by its plan; nothing is marked.
+            Ok(used.unwrap_or_default())
+        })
+        .await?;
+        for (approval_id, attempt) in used {
+            self.store.consume_approval(&approval_id, attempt).await?;
+        }
+        Ok(())
+    }
+
     /// Reindexes one run from its manifest path (holding its rows against our writers).
     pub async fn reindex_manifest(
         &self,
@@ -855,15 +891,16 @@ impl Registry {
         let approvals_readable = !problems.iter().any(|(path, _)| *path == approvals_path);
         report.unreadable.extend(problems);
         let mut journalled = std::collections::HashSet::new();
+        let mut inserted = Vec::new();
         for (number, line) in approvals.iter().enumerate() {
             match serde_json::from_slice::<ApprovalLine>(line) {
                 Ok(line) => {
                     journalled.insert(line.approval_id.clone());
-                    report.approvals_inserted += usize::from(
-                        self.store
-                            .insert_approval(&approval_record(&run_id, line))
-                            .await?,
-                    )
+                    let record = approval_record(&run_id, line);
+                    if self.store.insert_approval(&record).await? {
+                        report.approvals_inserted += 1;
+                        inserted.push(record);
+                    }
                 }
                 // An unreadable approval approves nothing.
                 Err(e) => report.unreadable.push((
@@ -884,6 +921,8 @@ impl Registry {
                 }
             }
         }
+        self.mark_used_approvals(&paths, &manifest, inserted)
+            .await?;
         let mut records = Vec::with_capacity(extensions.len());
         for (offset, bytes) in &extensions {
             match serde_json::from_slice::<ExtensionLine>(bytes) {

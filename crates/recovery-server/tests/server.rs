@@ -1107,6 +1107,89 @@ async fn approvals_need_an_operator_and_an_eligible_attempt() {
     );
 }
 
+/// Whether an approval was used is read from the run's files: an attempt reserved after the
+/// approved one. A database that did not see the reservation (rebuilt from the files, or the
+/// attempt reserved by a Python collector) neither lists the approval as unused nor lets it be
+/// revoked, which would erase the journal line that explains the extra attempt (review).
+#[tokio::test]
+async fn an_approval_used_by_a_reservation_the_database_missed_stays_used() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let approve =
+        json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "lost artifact"});
+    let granted = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approve))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let approval_id = granted.body["approval_id"].as_str().expect("id").to_owned();
+    // A Python collector sharing the files reserves the rerun in the manifest itself.
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
+    manifest["next_attempt"]["1-0"] = json!(2);
+    recovery_sidecar::atomic_write_json(&paths.manifest, &manifest, None).expect("reserve");
+    let revoke = app
+        .call(
+            Method::DELETE,
+            &format!("{uri}/{approval_id}"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (revoke.status, revoke.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("conflict")),
+        "{}",
+        revoke.body
+    );
+    let journal = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
+    assert!(
+        journal.contains(&approval_id),
+        "the approval stays on record"
+    );
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.body[0]["consumed_by_attempt"], 1, "{}", listed.body);
+    // The database is made again from the files: the approval is still listed as used.
+    app.call(
+        Method::DELETE,
+        &format!("/runs/{run_id}/lease"),
+        Some(COLLECTOR),
+        Some(json!({"lease_id": lease})),
+    )
+    .await;
+    let rebuilt_dir = tempfile::tempdir().expect("dir");
+    let mut config = app.config.clone();
+    config.data_dir = rebuilt_dir.path().join("data");
+    let rebuilt = recovery_server::start(config, app.clock.clone())
+        .await
+        .expect("start on a new database");
+    let listed = send(rebuilt.clone(), Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(
+        (
+            listed.body[0]["approval_id"].as_str(),
+            listed.body[0]["consumed_by_attempt"].as_i64()
+        ),
+        (Some(approval_id.as_str()), Some(1)),
+        "{}",
+        listed.body
+    );
+    let revoke = send(
+        rebuilt,
+        Method::DELETE,
+        &format!("{uri}/{approval_id}"),
+        Some(OPERATOR),
+        None,
+    )
+    .await;
+    assert_eq!(revoke.status, StatusCode::CONFLICT, "{}", revoke.body);
+    assert!(
+        std::fs::read_to_string(&paths.rerun_masked)
+            .expect("journal")
+            .contains(&approval_id)
+    );
+}
+
 #[tokio::test]
 async fn attempts_are_extended_resubmitted_and_reserved_only_by_their_owners() {
     let app = TestApp::new().await;

@@ -102,8 +102,9 @@ pub async fn revoke_approval(
     let work = state.clone();
     state
         .detached(async move {
+            let cap = work.config.default_max_attempts;
             work.registry
-                .revoke(&run, &run_id, &caller.name, &approval_id)
+                .revoke(&run, &run_id, &caller.name, &approval_id, cap)
                 .await?;
             Ok(StatusCode::NO_CONTENT)
         })
