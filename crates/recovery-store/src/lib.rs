@@ -1730,6 +1730,11 @@ impl Store {
     // --- audit -----------------------------------------------------------------------------
 
     pub async fn insert_audit(&self, entry: &AuditEntry) -> Result<(), StoreError> {
+        debug_assert!(
+            AUDIT_ACTIONS.contains(&entry.action.as_str()),
+            "audit action {:?} is not in AUDIT_ACTIONS",
+            entry.action
+        );
         sqlx::query("INSERT INTO audit_log (audit_id, at, actor, action, run_id, details) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (audit_id) DO NOTHING")
             .bind(&entry.audit_id)
             .bind(&entry.at)

@@ -205,6 +205,28 @@ pub struct AuditFilter {
     pub limit: u32,
 }
 
+/// Every action the audit log records (a closed list: a filter on another is refused, and an
+/// entry of another is a bug, asserted in debug builds).
+pub const AUDIT_ACTIONS: [&str; 17] = [
+    "run.created",
+    "run.replace",
+    "run.superseded",
+    "run.import_legacy",
+    "lease.acquired",
+    "lease.released",
+    "lease.takeover",
+    "lease.expired",
+    "lease.adopted",
+    "lease.lost",
+    "lease.orphaned",
+    "lease.lock_retaken",
+    "lease.lock_displaced",
+    "approval.create",
+    "approval.revoke",
+    "attempts.extend",
+    "attempts.resubmit",
+];
+
 /// An operator action, audited.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AuditEntry {

@@ -55,6 +55,20 @@ impl AuditParams {
                 ));
             }
         }
+        // A misspelt action would match nothing, silently.
+        if let Some(action) = self
+            .action
+            .as_deref()
+            .filter(|a| !recovery_store::AUDIT_ACTIONS.contains(a))
+        {
+            return Err(crate::error::ApiError::invalid_field(
+                "action",
+                format!(
+                    "action: {action:?} is no audited action (one of {})",
+                    recovery_store::AUDIT_ACTIONS.join(", ")
+                ),
+            ));
+        }
         Ok(AuditFilter {
             run_id: self.run_id.clone(),
             actor: self.actor.clone(),

@@ -646,7 +646,7 @@ pub fn audit(
                     label for="action" { "Action" }
                     select id="action" name="action" {
                         option value="" { "any" }
-                        @for action in ["lease.takeover", "lease.expired", "lease.orphaned", "lease.adopted", "approval.create", "approval.revoke", "attempts.extend", "attempts.resubmit", "run.replace", "run.import_legacy", "run.superseded"] {
+                        @for action in recovery_store::AUDIT_ACTIONS {
                             option value=(action) selected[filters.action.as_deref() == Some(action)] { (action) }
                         }
                     }

@@ -224,6 +224,14 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "actr",
         ),
+        // A misspelt action would match nothing, silently.
+        (
+            Method::GET,
+            "/audit?action=lease.take_over".to_owned(),
+            VIEWER,
+            None,
+            "action",
+        ),
     ];
     // Fields the handlers check themselves (ranges, emptiness, cursors, times, files).
     let lease = |change: Value| {
