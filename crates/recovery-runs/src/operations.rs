@@ -1672,7 +1672,7 @@ fn check_inventory<'a>(rows: impl IntoIterator<Item = &'a Value>) -> Result<(), 
                 .is_some_and(|v| recovery_core::rows::index(Some(v)).is_none())
             {
                 return Err(OpError::Invalid(format!(
-                    "rows[{i}].{key}: must be an integer"
+                    "rows[{i}].{key}: must be an integer (of 64 bits)"
                 )));
             }
         }
@@ -1788,7 +1788,7 @@ fn publish_files(
     if !exists && !replace && (non_empty(&paths.output) || non_empty(&paths.failures)) {
         return Err(OpError::RunExists {
             message: format!(
-                "{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently",
+                "{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently; an operator can start it afresh with replace: true (the saved outcomes are moved aside, never deleted)",
                 paths.output.display()
             ),
             run_id: None,

@@ -581,7 +581,11 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|first| *first != b'{')
     {
-        return Err(ApiError::invalid("body: must be a JSON object"));
+        return Err(ApiError::invalid(match not_json(body) {
+            // Not JSON at all (another encoding, a form): said so, with where it stops.
+            Some(e) => format!("body: must be a JSON object, and is not JSON: {e}"),
+            None => "body: must be a JSON object".to_owned(),
+        }));
     }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     deserializer.disable_recursion_limit();

@@ -1727,6 +1727,11 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
             format!("{attempts}-99999999999999999999999 }}"),
             "max_rollout_attempts: invalid value: -99999999999999999999999 is out of range",
         ),
+        // Not JSON, and not an object: both said (a byte order mark here).
+        (
+            "\u{feff}".to_owned(),
+            "body: must be a JSON object, and is not JSON: expected value",
+        ),
         // A number written with a fraction is a float indeed.
         (
             format!("{attempts}1.5}}"),
