@@ -239,6 +239,19 @@ def test_not_eligible_says_why(client: RecoveryClient, new_run: Callable[..., Ru
     assert caught.value.latest_attempt == 0
     with pytest.raises(NotEligibleError, match="latest attempt"):
         client.create_approval(spec.run_id, 1, 0, 3, "not the latest attempt")
+    # A scored answer and a masked one awaiting approval are not reserved again: nothing is.
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    with pytest.raises(NotEligibleError) as refused:
+        client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0", "1-0"])
+    _assert_error(refused.value, "not_eligible", 409)
+    assert [(r, s) for r, s, _ in refused.value.not_runnable] == [
+        ("0-0", "scored"),
+        ("1-0", "awaiting_approval"),
+    ]
+    manifest = client.get_run(spec.run_id).manifest
+    assert manifest is not None
+    assert manifest.next_attempt == {"0-0": 1, "1-0": 1}
+    client.release_lease(spec.run_id, lease.lease_id)
 
 
 def test_conflict(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:

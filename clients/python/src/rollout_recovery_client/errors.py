@@ -216,10 +216,25 @@ class LeaseNotHeldError(RecoveryError):
 
 
 class NotEligibleError(RecoveryError):
-    """409 ``not_eligible``: the attempt is not eligible for a masked-rerun approval.
+    """409 ``not_eligible``: the attempt is not eligible for a masked-rerun approval, or (from
+    ``reserve_attempts``) rollouts the plan does not run again were asked for, and nothing was
+    reserved.
 
-    ``state``, ``reason`` and ``latest_attempt`` are the rollout's plan entry as the service saw it.
+    For an approval, ``state``, ``reason`` and ``latest_attempt`` are the rollout's plan entry as
+    the service saw it; for a reservation, ``not_runnable`` lists each refused rollout as
+    ``(rollout_id, state, reason)``.
     """
+
+    @property
+    def not_runnable(self) -> list[tuple[str, str, str]]:
+        raw = self.details.get("not_runnable")
+        if not isinstance(raw, list):
+            return []
+        return [
+            (str(e.get("rollout_id")), str(e.get("state")), str(e.get("reason")))
+            for e in raw
+            if isinstance(e, Mapping)
+        ]
 
     @property
     def state(self) -> str | None:
