@@ -1111,7 +1111,7 @@ async fn approvals_need_an_operator_and_an_eligible_attempt() {
 /// approved one. A database that did not see the reservation (rebuilt from the files, or the
 /// attempt reserved by a Python collector) neither lists the approval as unused nor lets it be
 /// revoked, which would erase the journal line that explains the extra attempt (review).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_used_by_a_reservation_the_database_missed_stays_used() {
     let app = TestApp::new().await;
     let (run_id, lease) = run_with_masked_answer(&app).await;
@@ -1129,20 +1129,24 @@ async fn an_approval_used_by_a_reservation_the_database_missed_stays_used() {
         serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
     manifest["next_attempt"]["1-0"] = json!(2);
     recovery_sidecar::atomic_write_json(&paths.manifest, &manifest, None).expect("reserve");
-    let revoke = app
-        .call(
-            Method::DELETE,
-            &format!("{uri}/{approval_id}"),
-            Some(OPERATOR),
-            None,
-        )
-        .await;
-    assert_eq!(
-        (revoke.status, revoke.body["code"].as_str()),
-        (StatusCode::CONFLICT, Some("conflict")),
-        "{}",
-        revoke.body
-    );
+    // Operators revoking at once: every one is refused, and the use is recorded once.
+    let revokes: Vec<_> = (0..8)
+        .map(|_| {
+            let (state, path) = (app.state.clone(), format!("{uri}/{approval_id}"));
+            tokio::spawn(
+                async move { send(state, Method::DELETE, &path, Some(OPERATOR), None).await },
+            )
+        })
+        .collect();
+    for revoke in revokes {
+        let revoke = revoke.await.expect("revoke");
+        assert_eq!(
+            (revoke.status, revoke.body["code"].as_str()),
+            (StatusCode::CONFLICT, Some("conflict")),
+            "{}",
+            revoke.body
+        );
+    }
     let journal = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
     assert!(
         journal.contains(&approval_id),
