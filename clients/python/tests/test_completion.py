@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from rollout_recovery_client import (
+    RESERVABLE_STATES,
     IncompleteEvaluationError,
+    NotEligibleError,
     RecoveryClient,
     check_complete,
     exit_code,
@@ -113,3 +115,39 @@ def test_agrees_with_the_service(
         assert plan.completion.exit_code == 0
     else:
         assert error.message == plan.completion.message
+
+
+def test_reservable_states_are_the_plan_entries_with_a_next_attempt(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    """A collector reserving every rollout in ``RESERVABLE_STATES`` is never refused, and one
+    in any other state (here a judge-recoverable failure, re-judged rather than run again, and
+    a scored answer) is: the set is what the service reserves."""
+    spec = new_run(tasks=5, name="reservable")
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0", "1-0", "2-0", "3-0"])
+    append_jsonl(spec.output, [result_row(spec.run_id, 0), masked_row(spec.run_id, 3)])
+    append_jsonl(
+        spec.failures,
+        [
+            failure_row(
+                spec.run_id,
+                1,
+                _ng_failure_class="judge_failed",
+                response={"output": [{"type": "message"}], "status": "completed"},
+            ),
+            failure_row(spec.run_id, 2),
+        ],
+    )
+    entries = list(client.iter_plan(spec.run_id))
+    states = {e.rollout_id: e.state for e in entries}
+    assert set(states.values()) >= {"scored", "judge_recoverable", "retryable", "missing"}
+    for entry in entries:
+        assert (entry.next_attempt is not None) == (entry.state in RESERVABLE_STATES), entry
+    reservable = [e.rollout_id for e in entries if e.state in RESERVABLE_STATES]
+    assert set(client.reserve_attempts(spec.run_id, lease.lease_id, reservable)) == set(reservable)
+    for state in ("scored", "judge_recoverable"):
+        (rollout,) = [r for r, s in states.items() if s == state]
+        with pytest.raises(NotEligibleError):
+            client.reserve_attempts(spec.run_id, lease.lease_id, [rollout])
+    client.release_lease(spec.run_id, lease.lease_id)

@@ -10,6 +10,7 @@ from .client import DEFAULT_TIMEOUT, DriftFollower, RecoveryClient
 from .completion import (
     COMPLETED_STATES,
     PLAN_STATES,
+    RESERVABLE_STATES,
     RUNNABLE_STATES,
     check_complete,
     exit_code,
@@ -85,6 +86,7 @@ __all__ = [
     "ERROR_CLASSES",
     "NO_RETRY",
     "PLAN_STATES",
+    "RESERVABLE_STATES",
     "RUNNABLE_STATES",
     "Approval",
     "AttemptExtension",

@@ -23,6 +23,7 @@ from .models import Plan
 __all__ = [
     "COMPLETED_STATES",
     "PLAN_STATES",
+    "RESERVABLE_STATES",
     "RUNNABLE_STATES",
     "check_complete",
     "exit_code",
@@ -46,8 +47,13 @@ PLAN_STATES = (
 )
 #: States whose rollout has its final result.
 COMPLETED_STATES = frozenset({"scored", "model_final"})
-#: States a resume runs (again).
+#: States a resume makes progress on: a judge-recoverable rollout by a re-judgment of its saved
+#: answer, the others by a new execution (``RESERVABLE_STATES``).
 RUNNABLE_STATES = frozenset({"missing", "retryable", "approved_rerun", "judge_recoverable"})
+#: States ``reserve_attempts`` gives an execution number to (the plan entries with a
+#: ``next_attempt``); a batch naming a rollout in any other state is refused whole
+#: (``NotEligibleError``).
+RESERVABLE_STATES = frozenset({"missing", "retryable", "approved_rerun"})
 
 
 def has_only_intentional_gaps(expected: int, completed: int, intentionally_omitted: int) -> bool:
