@@ -649,6 +649,45 @@ impl Registry {
         Ok(approval)
     }
 
+    /// The run's approvals, each used one with the attempt that used it as the run's files
+    /// tell (an attempt reserved after the approved one), also when the database did not see
+    /// that reservation (a Python collector's). Read-only; a run whose files cannot be planned
+    /// is listed as the database has it.
+    pub async fn approvals(
+        &self,
+        paths: &SidecarPaths,
+        run_id: &str,
+        default_cap: u64,
+    ) -> Result<Vec<Approval>, OpError> {
+        let mut approvals = self.store().list_approvals(run_id).await?;
+        let open: Vec<(usize, (i64, i64, i64))> = approvals
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.consumed_by_attempt.is_none() && a.revoked_at.is_none())
+            .map(|(i, a)| (i, (a.task_index, a.rollout_index, a.attempt_index)))
+            .collect();
+        if open.is_empty() {
+            return Ok(approvals);
+        }
+        let (caches, paths) = (self.caches().clone(), paths.clone());
+        let used = blocking(move || {
+            let used = caches.plans.with_plan(&paths, default_cap, |plan| {
+                let view = plan.view();
+                open.into_iter()
+                    .map(|(i, triple)| (i, crate::plans::approval_used_by(&view, triple)))
+                    .collect::<Vec<_>>()
+            });
+            Ok(used.unwrap_or_default())
+        })
+        .await?;
+        for (i, attempt) in used {
+            if attempt.is_some() {
+                approvals[i].consumed_by_attempt = attempt;
+            }
+        }
+        Ok(approvals)
+    }
+
     /// Revokes an approval before an attempt uses it. Whether one did is read from the run's
     /// files (an attempt reserved after the approved one), not only from the database, which a
     /// rebuild or a Python collector's reservation leaves unaware of it.
@@ -1531,12 +1570,18 @@ fn refuse_unrunnable(entries: &[PlanEntry]) -> Result<(), OpError> {
     Err(OpError::NotEligible {
         message: format!(
             "rollout_ids: {} of the rollouts are not run again by this run's plan (the first, \
-             {:?}: {}); reserve only what GET /runs/{{id}}/plan lists with a next_attempt",
+             {:?}: {}; details list up to 100); reserve only what GET /runs/{{id}}/plan lists \
+             with a next_attempt",
             unrunnable.len(),
             first.rollout_id,
             first.reason
         ),
-        details: serde_json::json!({"field": "rollout_ids", "not_runnable": listed}),
+        details: serde_json::json!({
+            "field": "rollout_ids",
+            "not_runnable": listed,
+            // The list stops at 100; the count is every one.
+            "not_runnable_count": unrunnable.len(),
+        }),
     })
 }
 

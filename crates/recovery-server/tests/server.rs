@@ -1129,6 +1129,9 @@ async fn an_approval_used_by_a_reservation_the_database_missed_stays_used() {
         serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
     manifest["next_attempt"]["1-0"] = json!(2);
     recovery_sidecar::atomic_write_json(&paths.manifest, &manifest, None).expect("reserve");
+    // Listed as used at once, before anything told the database.
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.body[0]["consumed_by_attempt"], 1, "{}", listed.body);
     // Operators revoking at once: every one is refused, and the use is recorded once.
     let revokes: Vec<_> = (0..8)
         .map(|_| {
@@ -1314,6 +1317,10 @@ async fn attempts_are_extended_resubmitted_and_reserved_only_by_their_owners() {
             .as_array()
             .map(|list| list.iter().map(|entry| &entry["state"]).collect())
             .unwrap_or_default();
+        assert_eq!(
+            refused.body["details"]["not_runnable_count"].as_u64(),
+            Some(listed.len() as u64)
+        );
         assert_eq!(
             (
                 refused.status,

@@ -457,7 +457,8 @@ pub struct DriftArgs {
     /// `follow_cursor`, to go on from there).
     #[arg(long)]
     cursor: Option<String>,
-    /// `time` (default) or `recorded` (the order the service recorded the events in).
+    /// `time` (default), `newest` (time order, newest first) or `recorded` (the order the
+    /// service recorded the events in).
     #[arg(long)]
     order: Option<String>,
     /// Follow: print each matching event as one JSON line in the order the service records

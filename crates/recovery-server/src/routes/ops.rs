@@ -83,8 +83,9 @@ pub async fn list_approvals(
     caller: Caller,
 ) -> ApiResult<Json<Vec<Approval>>> {
     caller.require(Role::Viewer)?;
-    state.run(&run_id).await?;
-    Ok(Json(state.registry.store().list_approvals(&run_id).await?))
+    let (_, paths) = state.run(&run_id).await?;
+    let cap = state.config.default_max_attempts;
+    Ok(Json(state.registry.approvals(&paths, &run_id, cap).await?))
 }
 
 /// Revoke an approval before an attempt uses it (operator).
@@ -221,7 +222,7 @@ async fn leased_run(state: &AppState, run_id: &str, lease_id: &str) -> ApiResult
 /// Durably reserve execution numbers before dispatch (lease holder).
 #[utoipa::path(post, path = "/runs/{run_id}/attempts/reserve", tag = "attempts", request_body = ReserveRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 200, body = ReserveResponse), (status = 409, description = "lease_not_held", body = ApiErrorBody),
+    responses((status = 200, body = ReserveResponse), (status = 409, description = "lease_not_held, or not_eligible: a rollout the plan does not run again (details.not_runnable)", body = ApiErrorBody),
         (status = 422, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn reserve(
     State(state): State<AppState>,

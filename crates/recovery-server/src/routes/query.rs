@@ -193,7 +193,7 @@ pub fn time_cursor(text: &str) -> ApiResult<Cursor> {
 fn drift_time_cursor(text: &str) -> ApiResult<Cursor> {
     if text.starts_with(RECORDED_CURSOR) {
         return Err(not_a_cursor(
-            " for order=time (pass order=recorded with it)",
+            " for order=time or order=newest (pass order=recorded with it)",
         ));
     }
     time_cursor(text)

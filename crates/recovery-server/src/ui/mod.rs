@@ -389,12 +389,14 @@ async fn run(
     .await;
     // The page's plan carries the whole run's counts too: one plan read per page.
     let summary = run_summary(&state, &visitor, record.clone(), Some(plan)).await;
-    let approvals = state
-        .registry
-        .store()
-        .list_approvals(&run_id)
-        .await
-        .unwrap_or_default();
+    let approvals = match state.run(&run_id).await {
+        Ok((_, paths)) => state
+            .registry
+            .approvals(&paths, &run_id, state.config.default_max_attempts)
+            .await
+            .unwrap_or_default(),
+        Err(_) => Vec::new(),
+    };
     let now = state.registry.clock().now();
     pages::run(
         &visitor,
