@@ -763,7 +763,7 @@ fn integer_in_words(reason: &str, value: &str) -> Option<String> {
     match reason {
         "number too large to fit in target type" => Some(format!("{value} is out of range")),
         "invalid digit found in string" if negative => {
-            Some(format!("{value} is out of range: it must be 0 or more"))
+            Some(format!("{value} is out of range: it is negative"))
         }
         "invalid digit found in string" => Some(format!("{value:?} is not an integer")),
         "cannot parse integer from empty string" => {
