@@ -664,26 +664,16 @@ impl Registry {
             .iter()
             .enumerate()
             .filter(|(_, a)| a.consumed_by_attempt.is_none() && a.revoked_at.is_none())
-            .map(|(i, a)| (i, (a.task_index, a.rollout_index, a.attempt_index)))
+            .map(|(i, a)| (i, a.triple()))
             .collect();
         if open.is_empty() {
             return Ok(approvals);
         }
         let (caches, paths) = (self.caches().clone(), paths.clone());
-        let used = blocking(move || {
-            let used = caches.plans.with_plan(&paths, default_cap, |plan| {
-                let view = plan.view();
-                open.into_iter()
-                    .map(|(i, triple)| (i, crate::plans::approval_used_by(&view, triple)))
-                    .collect::<Vec<_>>()
-            });
-            Ok(used.unwrap_or_default())
-        })
-        .await?;
+        let used =
+            blocking(move || Ok(caches.plans.used_approvals(&paths, default_cap, open))).await?;
         for (i, attempt) in used {
-            if attempt.is_some() {
-                approvals[i].consumed_by_attempt = attempt;
-            }
+            approvals[i].consumed_by_attempt = Some(attempt);
         }
         Ok(approvals)
     }
@@ -711,11 +701,7 @@ impl Registry {
                 "approval {approval_id} was already used or revoked"
             )));
         }
-        let triple = (
-            approval.task_index,
-            approval.rollout_index,
-            approval.attempt_index,
-        );
+        let triple = approval.triple();
         let used_by = self
             .locked_plan(run, default_cap, move |plan| {
                 crate::plans::approval_used_by(&plan.view(), triple)

@@ -348,6 +348,25 @@ pub struct PlanCounts {
 }
 
 impl PlanCache {
+    /// Of the approvals given as `(key, (task, rollout, attempt))`, those an attempt reserved
+    /// since has used ([`approval_used_by`]), with that attempt, as the run's files tell; none
+    /// when the files cannot be planned (the plan reports why). Reads files: a blocking call.
+    pub fn used_approvals<K>(
+        &self,
+        paths: &SidecarPaths,
+        default_cap: u64,
+        approvals: Vec<(K, (i64, i64, i64))>,
+    ) -> Vec<(K, i64)> {
+        self.with_plan(paths, default_cap, |plan| {
+            let view = plan.view();
+            approvals
+                .into_iter()
+                .filter_map(|(key, triple)| approval_used_by(&view, triple).map(|n| (key, n)))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+
     /// Runs `work` over the run's plan as its files stand now.
     pub fn with_plan<T>(
         &self,

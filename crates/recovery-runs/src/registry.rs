@@ -743,21 +743,15 @@ impl Registry {
         let (caches, plan_paths) = (self.caches.clone(), paths.clone());
         // Which attempt used an approval does not depend on the cap; the saved one will do.
         let cap = manifest.max_rollout_attempts.unwrap_or(3);
-        let used = blocking(move || {
-            let used = caches.plans.with_plan(&plan_paths, cap, |plan| {
-                let view = plan.view();
-                inserted
-                    .into_iter()
-                    .filter_map(|a| {
-                        let triple = (a.task_index, a.rollout_index, a.attempt_index);
-                        crate::plans::approval_used_by(&view, triple).map(|n| (a.approval_id, n))
-                    })
-                    .collect::<Vec<_>>()
-            });
-            // A run whose files cannot be planned is reported by its plan; nothing is marked.
-            Ok(used.unwrap_or_default())
-        })
-        .await?;
+        let approvals = inserted
+            .into_iter()
+            .map(|a| {
+                let triple = a.triple();
+                (a.approval_id, triple)
+            })
+            .collect();
+        let used =
+            blocking(move || Ok(caches.plans.used_approvals(&plan_paths, cap, approvals))).await?;
         for (approval_id, attempt) in used {
             self.store.consume_approval(&approval_id, attempt).await?;
         }

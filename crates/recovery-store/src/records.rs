@@ -134,6 +134,13 @@ pub struct Approval {
     pub revoked_at: Option<String>,
 }
 
+impl Approval {
+    /// The attempt it approves rerunning: `(task index, rollout index, attempt index)`.
+    pub fn triple(&self) -> (i64, i64, i64) {
+        (self.task_index, self.rollout_index, self.attempt_index)
+    }
+}
+
 /// Attempts an explicit recovery added to every rollout's cap.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct AttemptExtension {

@@ -373,8 +373,8 @@ async fn run(
 ) -> Response {
     // The run's record, not its manifest: a 100k-rollout manifest takes a while to read, and
     // the plan (indexed once per run) answers the cap and the states.
-    let record = match state.run_on_disk(&run_id).await {
-        Ok((record, _)) => record,
+    let (record, paths) = match state.run_on_disk(&run_id).await {
+        Ok(found) => found,
         Err(error) => return pages::api_error_page(&error, None),
     };
     let filter = query.state.as_deref().filter(|s| !s.is_empty());
@@ -389,14 +389,11 @@ async fn run(
     .await;
     // The page's plan carries the whole run's counts too: one plan read per page.
     let summary = run_summary(&state, &visitor, record.clone(), Some(plan)).await;
-    let approvals = match state.run(&run_id).await {
-        Ok((_, paths)) => state
-            .registry
-            .approvals(&paths, &run_id, state.config.default_max_attempts)
-            .await
-            .unwrap_or_default(),
-        Err(_) => Vec::new(),
-    };
+    let approvals = state
+        .registry
+        .approvals(&paths, &run_id, state.config.default_max_attempts)
+        .await
+        .unwrap_or_default();
     let now = state.registry.clock().now();
     pages::run(
         &visitor,
