@@ -1530,31 +1530,8 @@ fn a_start_that_cannot_reach_its_database_says_why_once() {
 #[test]
 fn a_log_filter_that_cannot_be_read_is_said_not_silently_replaced() {
     let dir = tempfile::tempdir().expect("dir");
-    // A setting refused at once ends the start right after logging begins.
-    let output = Command::new(BIN)
-        .args([
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--max-rollout-attempts",
-            "0",
-        ])
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .env("RR_LOG", "debug,recovery=loud")
-        .output()
-        .expect("serve");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("warning: RR_LOG=\"debug,recovery=loud\" is not a log filter"),
-        "{stderr}"
-    );
-    // A misspelt level is a valid filter (a module's name) that would log nothing.
-    for (filter, warned) in [
-        ("inof", true),
-        ("debug", false),
-        ("recovery_store=debug", false),
-    ] {
+    // A setting refused at once ends the start right after logging begins: what it said.
+    let said_at_start = |filter: &str| {
         let output = Command::new(BIN)
             .args([
                 "serve",
@@ -1568,7 +1545,20 @@ fn a_log_filter_that_cannot_be_read_is_said_not_silently_replaced() {
             .env("RR_LOG", filter)
             .output()
             .expect("serve");
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let stderr = said_at_start("debug,recovery=loud");
+    assert!(
+        stderr.contains("warning: RR_LOG=\"debug,recovery=loud\" is not a log filter"),
+        "{stderr}"
+    );
+    // A misspelt level is a valid filter (a module's name) that would log nothing.
+    for (filter, warned) in [
+        ("inof", true),
+        ("debug", false),
+        ("recovery_store=debug", false),
+    ] {
+        let stderr = said_at_start(filter);
         assert_eq!(stderr.contains("is no level"), warned, "{filter}: {stderr}");
     }
 }
