@@ -54,9 +54,11 @@ pub fn check_run_files(paths: &SidecarPaths) -> Result<(), RunFilesError> {
     let required = [&paths.output, &paths.failures, &paths.materialized];
     // A link, FIFO, socket or directory where a run's file belongs is named as such (its
     // readers refuse it too; a validation that reads only cached facts must as well), not as
-    // missing.
+    // missing. One `lstat` per file answers both questions: every validate makes these checks.
+    let mut missing: Vec<String> = Vec::new();
     for path in required {
         let Ok(found) = std::fs::symlink_metadata(path) else {
+            missing.push(path.display().to_string());
             continue;
         };
         let why = if found.file_type().is_symlink() {
@@ -71,11 +73,6 @@ pub fn check_run_files(paths: &SidecarPaths) -> Result<(), RunFilesError> {
             path.display()
         )));
     }
-    let missing: Vec<String> = required
-        .into_iter()
-        .filter(|p| !p.is_file())
-        .map(|p| p.display().to_string())
-        .collect();
     if !missing.is_empty() {
         return Err(RunFilesError::Inconsistent(format!(
             "Cannot resume: {} {} missing beside {} (a run with a manifest never starts fresh)",

@@ -363,14 +363,14 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
     let leases = registry.leases().clone();
     // Live leases survive a restart: their collectors keep the runs they were granted.
     adopt_live_leases(&registry).await;
-    Ok(AppState {
+    Ok(AppState::new(state::Shared {
         config: Arc::new(config),
         registry,
         leases,
         metrics: state::metrics_handle(),
         heavy: Arc::new(state::HeavyWork::for_this_machine()),
         plans: Arc::new(state::HeavyWork::plans_for_this_machine()),
-    })
+    }))
 }
 
 fn create_dir(dir: &std::path::Path) -> Result<(), StartError> {

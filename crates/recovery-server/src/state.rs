@@ -12,8 +12,29 @@ use std::sync::{Arc, OnceLock};
 /// one costs less than handing it to a blocking thread and back.
 pub const INLINE_BODY_BYTES: usize = 64 * 1024;
 
+/// What every handler shares, behind one reference count: axum clones the state for each
+/// request, and cloning the parts (two dozen reference counts, the confinement roots, the
+/// replica name) showed in profiles of validate under load (2.4% of its CPU).
 #[derive(Debug, Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> Self {
+        Self(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+#[derive(Debug)]
+pub struct Shared {
     pub config: Arc<ServerConfig>,
     pub registry: Registry,
     pub leases: Leases,
