@@ -22,6 +22,13 @@ impl AppState {
     pub fn new(shared: Shared) -> Self {
         Self(Arc::new(shared))
     }
+
+    /// This state with other bounds on heavy work (tests that fill its queue).
+    pub fn with_heavy_work(&self, heavy: Arc<HeavyWork>) -> Self {
+        let mut shared = (*self.0).clone();
+        shared.heavy = heavy;
+        Self::new(shared)
+    }
 }
 
 impl std::ops::Deref for AppState {
@@ -33,7 +40,7 @@ impl std::ops::Deref for AppState {
 }
 
 /// The parts of [`AppState`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Shared {
     pub config: Arc<ServerConfig>,
     pub registry: Registry,

@@ -993,10 +993,15 @@ async fn a_pre_0_5_manifest_keeps_its_form_when_the_service_reserves_on_it() {
 #[tokio::test]
 async fn heavy_work_beyond_its_queue_is_answered_503_with_retry_after() {
     let app = TestApp::new().await;
-    let mut state = app.state.clone();
     // One heavy-work thread and room for one waiting job: while one job holds the thread and
     // another waits, a classify finds nowhere to go.
-    state.heavy = Arc::new(recovery_server::state::HeavyWork::new("heavy-test", 1, 1));
+    let state = app
+        .state
+        .with_heavy_work(Arc::new(recovery_server::state::HeavyWork::new(
+            "heavy-test",
+            1,
+            1,
+        )));
     let (started, started_rx) = std::sync::mpsc::channel::<()>();
     let (release, release_rx) = std::sync::mpsc::channel::<()>();
     let heavy = state.heavy.clone();
