@@ -273,12 +273,22 @@ async fn digest_clear_lease_ids(pool: &AnyPool) -> Result<(), StoreError> {
 }
 
 /// Inserts resume events (a few dozen: one statement) in `tx`.
-async fn insert_resume_events(tx: &mut Tx<'_>, events: &[&ResumeEvent]) -> Result<(), StoreError> {
+/// Inserts resume events in `tx`. SQLite takes positional `?` parameters: it looks a `$N` up
+/// by name, so binding a statement of twenty events cost a quadratic walk of its parameter list
+/// (profiled: 3% of the CPU of a validate answering `reuse` under load).
+async fn insert_resume_events(
+    tx: &mut Tx<'_>,
+    backend: Backend,
+    events: &[&ResumeEvent],
+) -> Result<(), StoreError> {
+    let values = match backend {
+        Backend::Sqlite => positional(events.len(), 12),
+        Backend::Postgres => placeholders(events.len(), 12),
+    };
     let sql = format!(
         "INSERT INTO resume_events (event_id, run_id, output_path, at, outcome, message, reasons, semantic_keys, \
          operational_keys, saved_config_digest, current_config_digest, client) \
-         VALUES {} ON CONFLICT (event_id) DO NOTHING",
-        placeholders(events.len(), 12)
+         VALUES {values} ON CONFLICT (event_id) DO NOTHING"
     );
     let mut query = sqlx::query(&sql);
     for event in events {
@@ -1003,7 +1013,7 @@ impl Store {
             .collect();
         let mut tx = self.pool.begin().await?;
         for chunk in resumes.chunks(20) {
-            insert_resume_events(&mut tx, chunk).await?;
+            insert_resume_events(&mut tx, self.backend, chunk).await?;
         }
         if !drifts.is_empty() {
             insert_drift_chunk(&mut tx, self.backend, &drifts).await?;
