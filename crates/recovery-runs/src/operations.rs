@@ -1216,7 +1216,7 @@ fn saved_run(caches: &RunCaches, paths: &SidecarPaths) -> (SavedRun, Option<Arc<
         .flatten();
     let saved = SavedRun {
         manifest_path: paths.manifest.display().to_string(),
-        manifest: runfiles::read_manifest(&paths.manifest),
+        manifest: saved_manifest(caches, &paths.manifest),
         materialized: materialized
             .as_ref()
             .map(|m| m.digest.clone())
@@ -1224,6 +1224,17 @@ fn saved_run(caches: &RunCaches, paths: &SidecarPaths) -> (SavedRun, Option<Arc<
         identity: identity.map(|v| (*v).clone()),
     };
     (saved, materialized.ok().map(|m| m.references))
+}
+
+/// The run's manifest as read, from the cache while the file is the one read before.
+fn saved_manifest(caches: &RunCaches, path: &std::path::Path) -> SavedManifest {
+    let read = caches.manifests.get(path, |path| {
+        Ok::<_, std::convert::Infallible>(runfiles::read_manifest(path))
+    });
+    match read {
+        Ok(manifest) => manifest,
+        Err(never) => match never {},
+    }
 }
 
 /// The saved run and the current one as `validate_resume` compares them. The current identity

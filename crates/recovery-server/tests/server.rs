@@ -663,6 +663,87 @@ async fn validate_reuses_journals_operational_drift_and_refuses_semantic_drift()
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
 }
 
+/// Waits until the file at `path` last changed longer ago than the service's file caches need
+/// to trust its identity (`recovery_runs::cache::SETTLE`): waiting for time to pass is the
+/// condition itself.
+fn wait_until_settled(path: &Path) {
+    use std::os::unix::fs::MetadataExt as _;
+    let changed = std::fs::metadata(path).expect("stat");
+    let changed = std::time::UNIX_EPOCH
+        + std::time::Duration::new(changed.ctime() as u64, changed.ctime_nsec() as u32);
+    let settled = changed + recovery_runs::cache::SETTLE + std::time::Duration::from_millis(50);
+    if let Ok(left) = settled.duration_since(std::time::SystemTime::now()) {
+        std::thread::sleep(left);
+    }
+}
+
+#[tokio::test]
+async fn a_validate_reads_the_manifest_a_collector_replaced_since_the_last_one() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let uri = format!("/runs/{run_id}/validate");
+    let manifest_path = recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest;
+    // Settled, the manifest is served from the cache by the next validates.
+    wait_until_settled(&manifest_path);
+    for _ in 0..2 {
+        let reuse = app
+            .call(
+                Method::POST,
+                &uri,
+                Some(COLLECTOR),
+                Some(app.validate_body(0.3, 8000)),
+            )
+            .await;
+        assert_eq!(reuse.body["outcome"], "reuse", "{}", reuse.body);
+        assert_eq!(reuse.body["manifest"]["max_rollout_attempts"], 3);
+    }
+    // A Python collector replaces it (as it always does: write beside, then rename).
+    let mut manifest: Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).expect("manifest")).expect("json");
+    manifest["max_rollout_attempts"] = json!(5);
+    recovery_sidecar::atomic_write(
+        &manifest_path,
+        serde_json::to_string_pretty(&manifest)
+            .expect("text")
+            .as_bytes(),
+        None,
+    )
+    .expect("replace");
+    let after = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(after.body["outcome"], "reuse", "{}", after.body);
+    assert_eq!(
+        after.body["manifest"]["max_rollout_attempts"], 5,
+        "the replaced manifest is read, not the cached one"
+    );
+    // Written in place with the same size, it is read again too (its times changed).
+    let text = std::fs::read_to_string(&manifest_path).expect("manifest");
+    std::fs::write(
+        &manifest_path,
+        text.replace("\"max_rollout_attempts\": 5", "\"max_rollout_attempts\": 7"),
+    )
+    .expect("rewrite");
+    let rewritten = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+        .await;
+    assert_eq!(
+        rewritten.body["manifest"]["max_rollout_attempts"], 7,
+        "{}",
+        rewritten.body
+    );
+}
+
 #[tokio::test]
 async fn drift_history_is_queryable_per_run_and_across_runs() {
     let app = TestApp::new().await;
