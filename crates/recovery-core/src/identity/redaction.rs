@@ -29,6 +29,27 @@ static RUNTIME_REFERENCE_RE: LazyLock<Regex> = LazyLock::new(|| compile(RUNTIME_
 
 /// `_is_credential_name`: whether a key, variable or setting name names a credential.
 pub fn is_credential_name(name: &str) -> bool {
+    // Every name the pattern matches holds one of these words. An ASCII name holding none is
+    // answered without the pattern (the identity of each validate across drift asks of every
+    // key of the configuration); other names go to the pattern, whose case-insensitivity also
+    // folds letters such as the Kelvin sign into `k`.
+    const WORDS: [&[u8]; 7] = [
+        b"key",
+        b"secret",
+        b"passw",
+        b"credential",
+        b"cookie",
+        b"authorization",
+        b"token",
+    ];
+    let holds = |word: &[u8]| {
+        name.as_bytes()
+            .windows(word.len())
+            .any(|w| w.eq_ignore_ascii_case(word))
+    };
+    if name.is_ascii() && !WORDS.iter().any(|word| holds(word)) {
+        return false;
+    }
     CREDENTIAL_NAME_RE.is_match(name)
 }
 
@@ -326,8 +347,47 @@ mod tests {
         prop::collection::vec(piece, 0..12).prop_map(|p| p.concat())
     }
 
+    /// Names made of the pieces credential names are made of, in any case.
+    fn names() -> impl Strategy<Value = String> {
+        let piece = prop::sample::select(vec![
+            "api",
+            "API",
+            "_",
+            "-",
+            "key",
+            "KEY",
+            "Key",
+            "secret",
+            "SECRET",
+            "passw",
+            "PASSWORD",
+            "or",
+            "d",
+            "cred",
+            "credential",
+            "Cookie",
+            "authorization",
+            "token",
+            "TOKEN",
+            "x",
+            "max",
+            "ſ",
+            "\u{212a}",
+            "é",
+            "ey",
+            "s",
+            "ecret",
+        ]);
+        prop::collection::vec(piece, 0..6).prop_map(|p| p.concat())
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4096))]
+        #[test]
+        fn a_name_without_a_credential_word_is_what_the_pattern_says(name in names()) {
+            prop_assert_eq!(is_credential_name(&name), CREDENTIAL_NAME_RE.is_match(&name));
+        }
+
         #[test]
         fn redaction_skips_only_strings_a_pattern_cannot_change(s in pieces()) {
             prop_assert_eq!(redact_string(&s), unguarded(&s));
