@@ -344,6 +344,65 @@ async fn resume_and_drift_events_are_idempotent_and_queryable() {
     .await;
 }
 
+#[tokio::test]
+async fn drift_keys_come_back_as_written_whatever_characters_they_hold() {
+    with_each_backend(|store| async move {
+        let keys = vec![
+            "servers.a.\"quoted\".port".to_owned(),
+            "servers.b\\slash.host".to_owned(),
+            "servers.c.naïve_ポート.url".to_owned(),
+            "servers.d.tab\tand\nnewline.\u{1}".to_owned(),
+            "[\"looks\", \"like\", \"json\"]".to_owned(),
+        ];
+        let event = DriftEvent {
+            event_id: "odd".into(),
+            run_id: "r1".into(),
+            at: time(1),
+            saved_config_digest: "c".into(),
+            current_config_digest: "d".into(),
+            operational_keys: keys.clone(),
+        };
+        assert!(store.insert_drift_event(&event).await.expect("insert"));
+        let page = DriftFilter {
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(
+            store.query_drift(&page).await.expect("query"),
+            [event.clone()]
+        );
+        let by_key = DriftFilter {
+            key: Some(keys[2].clone()),
+            limit: 10,
+            ..Default::default()
+        };
+        assert_eq!(
+            store.query_drift(&by_key).await.expect("by key"),
+            [event.clone()]
+        );
+        let followed = store
+            .follow_drift(&DriftFollow {
+                run_id: None,
+                key: None,
+                from: None,
+                to: None,
+                after: 0,
+                limit: 10,
+            })
+            .await
+            .expect("follow");
+        assert_eq!(
+            followed
+                .events
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect::<Vec<_>>(),
+            [event]
+        );
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_grouped_inserts_commit_every_row_once_and_answer_after_their_commit() {
     with_each_backend(|store| async move {
