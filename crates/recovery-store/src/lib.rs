@@ -180,33 +180,11 @@ impl Drop for AdvisoryLock {
 
 /// A drift event as one element of the page [`Store::query_drift`] has the database build.
 #[derive(serde::Deserialize)]
-struct DriftRow(
-    String,
-    String,
-    String,
-    String,
-    String,
-    #[serde(deserialize_with = "keys_from_text")] Vec<String>,
-);
+struct DriftRow(String, String, String, String, String, Vec<String>);
 
 /// A drift event and its recorded position, as [`Store::follow_drift`] has the database build.
 #[derive(serde::Deserialize)]
-struct FollowedRow(
-    String,
-    String,
-    String,
-    String,
-    String,
-    #[serde(deserialize_with = "keys_from_text")] Vec<String>,
-    i64,
-);
-
-/// The operational keys of a page's event, which the database hands over as their stored JSON
-/// text: having it parse and render them again (`json(...)`) was a tenth of the CPU of a page.
-fn keys_from_text<'de, D: serde::Deserializer<'de>>(text: D) -> Result<Vec<String>, D::Error> {
-    let text = <String as serde::Deserialize>::deserialize(text)?;
-    serde_json::from_str(&text).map_err(serde::de::Error::custom)
-}
+struct FollowedRow(String, String, String, String, String, Vec<String>, i64);
 
 /// The transaction-scoped PostgreSQL advisory lock every drift-inserting transaction takes
 /// before it draws recorded positions, so that positions are drawn and committed in one order
@@ -1169,11 +1147,11 @@ impl Store {
         let page = match self.backend {
             Backend::Sqlite => format!(
                 "SELECT json_group_array(json_array(event_id, run_id, at, saved_config_digest, \
-                 current_config_digest, operational_keys)) FROM ({sql})"
+                 current_config_digest, json(operational_keys))) FROM ({sql})"
             ),
             Backend::Postgres => format!(
                 "SELECT COALESCE(json_agg(json_build_array(event_id, run_id, at, saved_config_digest, \
-                 current_config_digest, operational_keys))::text, '[]') FROM ({sql}) AS page"
+                 current_config_digest, operational_keys::json))::text, '[]') FROM ({sql}) AS page"
             ),
         };
         let mut query = sqlx::query_scalar::<_, String>(&page);
@@ -1230,11 +1208,11 @@ impl Store {
         let sql = match self.backend {
             Backend::Sqlite => format!(
                 "SELECT json_group_array(json_array(event_id, run_id, at, saved_config_digest, \
-                 current_config_digest, operational_keys, seq)), {head} FROM ({inner})"
+                 current_config_digest, json(operational_keys), seq)), {head} FROM ({inner})"
             ),
             Backend::Postgres => format!(
                 "SELECT COALESCE(json_agg(json_build_array(event_id, run_id, at, saved_config_digest, \
-                 current_config_digest, operational_keys, seq))::text, '[]'), {head} FROM ({inner}) AS page"
+                 current_config_digest, operational_keys::json, seq))::text, '[]'), {head} FROM ({inner}) AS page"
             ),
         };
         let mut query = sqlx::query_as::<_, (String, i64, String)>(&sql);

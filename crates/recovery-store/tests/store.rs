@@ -369,7 +369,7 @@ async fn drift_keys_come_back_as_written_whatever_characters_they_hold() {
         };
         assert_eq!(
             store.query_drift(&page).await.expect("query"),
-            [event.clone()]
+            std::slice::from_ref(&event)
         );
         let by_key = DriftFilter {
             key: Some(keys[2].clone()),
@@ -378,7 +378,7 @@ async fn drift_keys_come_back_as_written_whatever_characters_they_hold() {
         };
         assert_eq!(
             store.query_drift(&by_key).await.expect("by key"),
-            [event.clone()]
+            std::slice::from_ref(&event)
         );
         let followed = store
             .follow_drift(&DriftFollow {
