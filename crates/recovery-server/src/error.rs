@@ -611,6 +611,19 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
                 Some(field) => ApiError::invalid_field(&field, format!("{field}: {said}")),
                 None => ApiError::invalid(format!("body: {said}")),
             }
+        } else if may_hold_a_credential(&path) {
+            // `environment` is where collectors put credentials: a value of the wrong type is
+            // refused without being repeated (collectors log refusals).
+            let said = without_position(&inner);
+            let expected = said
+                .rsplit_once(", expected ")
+                .map_or("something else".to_owned(), |(_, e)| e.to_owned());
+            ApiError::invalid_field(
+                &path,
+                format!(
+                    "{path}: invalid value, expected {expected} (the value is not shown: it may be a credential)"
+                ),
+            )
         } else if let Some(integer) = integer_out_of_range(body, &inner) {
             // serde_json reads an integer past 64 bits as a float and says "floating point".
             let expected = without_position(&inner);
@@ -628,6 +641,17 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// Whether a body field's value may be a secret, so that a refusal must not repeat it: the
+/// `environment` map (where collectors send credentials) and any credential-named field.
+fn may_hold_a_credential(path: &str) -> bool {
+    path == "environment"
+        || path.starts_with("environment.")
+        || path.starts_with("environment[")
+        || path
+            .split(['.', '[', ']'])
+            .any(recovery_core::identity::redaction::is_credential_name)
 }
 
 /// Where `body` stops being JSON, if it does (nesting past the parser's own limit is not

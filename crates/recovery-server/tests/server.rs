@@ -1798,6 +1798,76 @@ async fn classify_plan_and_run_listing_answer_dashboards() {
 /// refused as no JSON (it was refused for an unknown or missing field), and an integer past 64
 /// bits is said to be out of range (serde_json reads it as a float and said "floating point").
 #[tokio::test]
+async fn an_environment_value_of_the_wrong_type_is_refused_without_repeating_it() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let secret = "987654321012";
+    // The environment as written in the body.
+    let cases = [
+        (
+            "an integer",
+            format!("{{\"API_KEY\": {secret}}}"),
+            "environment.API_KEY",
+        ),
+        (
+            "a float",
+            format!("{{\"TOKEN\": {secret}.5}}"),
+            "environment.TOKEN",
+        ),
+        (
+            "an object",
+            format!("{{\"X\": {{\"v\": \"{secret}\"}}}}"),
+            "environment.X",
+        ),
+        (
+            "an integer past 64 bits",
+            format!("{{\"K\": {secret}{secret}}}"),
+            "environment.K",
+        ),
+        ("not a map", format!("\"{secret}\""), "environment"),
+    ];
+    for (what, environment_text, field) in cases {
+        let mut validate = app.validate_body(0.3, 8000);
+        validate["environment"] = json!(null);
+        let validate = validate.to_string().replace(
+            "\"environment\":null",
+            &format!("\"environment\":{environment_text}"),
+        );
+        let mut create = app.create_body();
+        create["environment"] = json!(null);
+        let create = create.to_string().replace(
+            "\"environment\":null",
+            &format!("\"environment\":{environment_text}"),
+        );
+        for (uri, body) in [
+            (format!("/runs/{run_id}/validate"), validate),
+            ("/runs".to_owned(), create),
+        ] {
+            assert!(body.contains(secret), "{what}: the body holds the value");
+            let reply = app
+                .call_raw(Method::POST, &uri, Some(COLLECTOR), Some(body))
+                .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "{what} {uri}: {}",
+                reply.body
+            );
+            assert_eq!(
+                reply.body["details"]["field"], field,
+                "{what} {uri}: {}",
+                reply.body
+            );
+            assert!(
+                !reply.body.to_string().contains(secret),
+                "{what} {uri}: the refusal repeats the value: {}",
+                reply.body
+            );
+        }
+    }
+}
+
+#[tokio::test]
 async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
     let app = TestApp::new().await;
     let attempts =
