@@ -500,10 +500,10 @@ impl Registry {
     pub async fn remove_stale_temporaries(
         &self,
         before: std::time::SystemTime,
-    ) -> Result<usize, RegistryError> {
+    ) -> Result<Vec<PathBuf>, RegistryError> {
         let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
         blocking(move || {
-            let mut removed = 0;
+            let mut removed = Vec::new();
             for root in &roots {
                 for entry in walkdir::WalkDir::new(root)
                     .follow_links(false)
@@ -539,7 +539,7 @@ impl Registry {
                         continue;
                     };
                     if std::fs::remove_file(entry.path()).is_ok() {
-                        removed += 1;
+                        removed.push(entry.into_path());
                     }
                 }
             }

@@ -313,11 +313,12 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         clock,
         config.replica.clone(),
     );
-    let removed = registry.remove_stale_temporaries(started_at()).await?;
-    if removed > 0 {
+    // Each path is named: an operator finds what went (a file of theirs, named like a run's
+    // temporary and older than this start, would be among them).
+    for path in registry.remove_stale_temporaries(started_at()).await? {
         tracing::info!(
-            removed,
-            "removed temporaries left by an interrupted atomic write"
+            path = %path.display(),
+            "removed a temporary left by an interrupted atomic write"
         );
     }
     for (output, rolled_back) in registry.recover_replacements().await? {

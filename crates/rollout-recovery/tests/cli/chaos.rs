@@ -979,20 +979,21 @@ fn temporaries_removed(logs: &Path) -> usize {
     std::fs::read_dir(logs)
         .expect("logs")
         .filter_map(Result::ok)
-        .flat_map(|e| {
+        .map(|e| {
             std::fs::read_to_string(e.path())
                 .unwrap_or_default()
                 .lines()
-                .filter_map(|line| {
-                    let event: Value = serde_json::from_str(line).ok()?;
-                    let fields = &event["fields"];
-                    let removed = fields["message"]
-                        .as_str()?
-                        .starts_with("removed temporaries")
-                        .then(|| fields["removed"].as_u64())??;
-                    usize::try_from(removed).ok()
+                .filter(|line| {
+                    // One line per removed file, naming it.
+                    serde_json::from_str::<Value>(line).is_ok_and(|event| {
+                        let fields = &event["fields"];
+                        fields["message"]
+                            .as_str()
+                            .is_some_and(|m| m.starts_with("removed a temporary"))
+                            && fields["path"].as_str().is_some_and(|p| p.ends_with(".tmp"))
+                    })
                 })
-                .collect::<Vec<_>>()
+                .count()
         })
         .sum()
 }
