@@ -33,6 +33,6 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use events::{ApprovalLine, DriftLine, ExtensionLine};
 pub use leases::{Granted, LeaseError, LeaseRequest, Leases};
 pub use operations::OpError;
-pub use registry::{Registry, RegistryError, ReindexReport};
+pub use registry::{Registry, RegistryError, ReindexReport, record_matches_manifest};
 pub use runfiles::RunFilesError;
 pub use runlock::{LocalRunLocks, LockedRun, RunLockError, RunLocks, RunSection, SharedRun};

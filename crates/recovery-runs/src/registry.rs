@@ -128,6 +128,29 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| RegistryError::Join(e.to_string()))?
 }
 
+/// Whether a run's database record says what its manifest says (the record is an index of the
+/// files; a collector that edits the manifest makes them differ until the run is indexed again).
+pub fn record_matches_manifest(record: &RunRecord, manifest: &RunManifest) -> bool {
+    let derived = run_record(manifest, Path::new(&record.output_path), "", "");
+    (
+        &record.run_id,
+        &record.source_digest,
+        &record.materialized_digest,
+        &record.config_digest,
+        record.legacy_import,
+        record.identity_overridden,
+        record.max_rollout_attempts,
+    ) == (
+        &derived.run_id,
+        &derived.source_digest,
+        &derived.materialized_digest,
+        &derived.config_digest,
+        derived.legacy_import,
+        derived.identity_overridden,
+        derived.max_rollout_attempts,
+    )
+}
+
 fn run_record(
     manifest: &RunManifest,
     output: &Path,

@@ -742,6 +742,31 @@ async fn a_validate_reads_the_manifest_a_collector_replaced_since_the_last_one()
         "{}",
         rewritten.body
     );
+    // The run's record follows the file once the run is shown, in the run and in the list.
+    let listed_cap = |body: &Value| {
+        body["runs"]
+            .as_array()
+            .and_then(|runs| runs.iter().find(|r| r["run_id"] == run_id.as_str()))
+            .map(|r| r["max_rollout_attempts"].clone())
+    };
+    let before = app.call(Method::GET, "/runs", Some(VIEWER), None).await;
+    assert_eq!(
+        listed_cap(&before.body),
+        Some(json!(3)),
+        "indexed before: {}",
+        before.body
+    );
+    let shown = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        shown.body["run"]["max_rollout_attempts"], 7,
+        "{}",
+        shown.body
+    );
+    assert_eq!(shown.body["saved_cap"], 7, "{}", shown.body);
+    let after = app.call(Method::GET, "/runs", Some(VIEWER), None).await;
+    assert_eq!(listed_cap(&after.body), Some(json!(7)), "{}", after.body);
 }
 
 #[tokio::test]

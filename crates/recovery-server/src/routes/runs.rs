@@ -560,6 +560,16 @@ pub async fn get_run(
         default_cap: state.config.default_max_attempts,
         extension: extension.unwrap_or(0),
     };
+    // The files are the truth: a manifest a collector edited since the run was indexed is
+    // indexed again, so the record shown (and listed) says what the file says.
+    let run = match &manifest {
+        recovery_core::verdict::SavedManifest::Read(m)
+            if m.run_id == run_id && !recovery_runs::record_matches_manifest(&run, m) =>
+        {
+            state.registry.adopt(&paths.output).await?.unwrap_or(run)
+        }
+        _ => run,
+    };
     let (manifest_value, problem, saved_cap, effective_cap) = match manifest {
         recovery_core::verdict::SavedManifest::Read(m) => (
             Some(m.to_value()),
