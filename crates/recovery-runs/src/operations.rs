@@ -1228,13 +1228,10 @@ fn saved_run(caches: &RunCaches, paths: &SidecarPaths) -> (SavedRun, Option<Arc<
 
 /// The run's manifest as read, from the cache while the file is the one read before.
 fn saved_manifest(caches: &RunCaches, path: &std::path::Path) -> SavedManifest {
-    let read = caches.manifests.get(path, |path| {
+    let Ok(manifest) = caches.manifests.get(path, |path| {
         Ok::<_, std::convert::Infallible>(runfiles::read_manifest(path))
     });
-    match read {
-        Ok(manifest) => manifest,
-        Err(never) => match never {},
-    }
+    manifest
 }
 
 /// The saved run and the current one as `validate_resume` compares them. The current identity

@@ -131,24 +131,17 @@ async fn blocking<T: Send + 'static>(
 /// Whether a run's database record says what its manifest says (the record is an index of the
 /// files; a collector that edits the manifest makes them differ until the run is indexed again).
 pub fn record_matches_manifest(record: &RunRecord, manifest: &RunManifest) -> bool {
-    let derived = run_record(manifest, Path::new(&record.output_path), "", "");
-    (
-        &record.run_id,
-        &record.source_digest,
-        &record.materialized_digest,
-        &record.config_digest,
-        record.legacy_import,
-        record.identity_overridden,
-        record.max_rollout_attempts,
-    ) == (
-        &derived.run_id,
-        &derived.source_digest,
-        &derived.materialized_digest,
-        &derived.config_digest,
-        derived.legacy_import,
-        derived.identity_overridden,
-        derived.max_rollout_attempts,
-    )
+    // What indexing the manifest would record, with the record's own times and successor.
+    let derived = RunRecord {
+        superseded_by: record.superseded_by.clone(),
+        ..run_record(
+            manifest,
+            Path::new(&record.output_path),
+            &record.created_at,
+            &record.updated_at,
+        )
+    };
+    derived == *record
 }
 
 fn run_record(

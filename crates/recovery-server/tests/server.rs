@@ -682,18 +682,19 @@ async fn a_validate_reads_the_manifest_a_collector_replaced_since_the_last_one()
     let app = TestApp::new().await;
     let run_id = app.create().await;
     let uri = format!("/runs/{run_id}/validate");
+    let validate = || {
+        app.call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8000)),
+        )
+    };
     let manifest_path = recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest;
     // Settled, the manifest is served from the cache by the next validates.
     wait_until_settled(&manifest_path);
     for _ in 0..2 {
-        let reuse = app
-            .call(
-                Method::POST,
-                &uri,
-                Some(COLLECTOR),
-                Some(app.validate_body(0.3, 8000)),
-            )
-            .await;
+        let reuse = validate().await;
         assert_eq!(reuse.body["outcome"], "reuse", "{}", reuse.body);
         assert_eq!(reuse.body["manifest"]["max_rollout_attempts"], 3);
     }
@@ -709,14 +710,7 @@ async fn a_validate_reads_the_manifest_a_collector_replaced_since_the_last_one()
         None,
     )
     .expect("replace");
-    let after = app
-        .call(
-            Method::POST,
-            &uri,
-            Some(COLLECTOR),
-            Some(app.validate_body(0.3, 8000)),
-        )
-        .await;
+    let after = validate().await;
     assert_eq!(after.body["outcome"], "reuse", "{}", after.body);
     assert_eq!(
         after.body["manifest"]["max_rollout_attempts"], 5,
@@ -729,14 +723,7 @@ async fn a_validate_reads_the_manifest_a_collector_replaced_since_the_last_one()
         text.replace("\"max_rollout_attempts\": 5", "\"max_rollout_attempts\": 7"),
     )
     .expect("rewrite");
-    let rewritten = app
-        .call(
-            Method::POST,
-            &uri,
-            Some(COLLECTOR),
-            Some(app.validate_body(0.3, 8000)),
-        )
-        .await;
+    let rewritten = validate().await;
     assert_eq!(
         rewritten.body["manifest"]["max_rollout_attempts"], 7,
         "{}",
