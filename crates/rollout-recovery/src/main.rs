@@ -302,6 +302,10 @@ fn openapi(write: bool, check: bool, path: PathBuf) -> anyhow::Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
+    // First, before anything opens a database (SQLite is configured only before first use).
+    if let Err(code) = allocator::quiet_sqlite_statistics() {
+        eprintln!("warning: SQLite refused to stop counting its memory (code {code})");
+    }
     let cli = Cli::parse();
     // TLS to PostgreSQL checks certificates with the process's crypto provider: named here, so
     // it never depends on which providers the build's crates happen to enable (two make
