@@ -45,6 +45,19 @@ pub struct InterpolationError {
     pub message: String,
 }
 
+impl InterpolationError {
+    /// This error with its key under `internal` (a tree resolved in place under a key of the
+    /// caller's) named under `public` instead, as the sender knows the tree.
+    pub fn rooted_at(mut self, internal: &str, public: &str) -> Self {
+        if let Some(rest) = self.key.strip_prefix(internal)
+            && (rest.is_empty() || rest.starts_with('.'))
+        {
+            self.key = format!("{public}{rest}");
+        }
+        self
+    }
+}
+
 static RESOLVER_CALL: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r"(?s)^([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s*:(.*)$")
         .expect("static regex")
@@ -815,8 +828,19 @@ impl Arguments<'_> {
                 continue;
             }
             if !unquoted_allowed(c) {
+                // The marker is where a credential-named interpolation was: redaction runs
+                // before resolution (decisions §3), so the sender never wrote this `<`.
+                let hint = if self.text[self.pos..].starts_with(super::tables::REDACTED) {
+                    format!(
+                        "{} stands for a credential-named interpolation, redacted before anything \
+                         resolves; quote the argument that holds it",
+                        super::tables::REDACTED
+                    )
+                } else {
+                    "quote the argument".to_owned()
+                };
                 return Err(format!(
-                    "'{c}' is not allowed in an unquoted resolver argument ('{}'): quote the argument",
+                    "'{c}' is not allowed in an unquoted resolver argument ('{}'): {hint}",
                     self.text
                 ));
             }

@@ -332,8 +332,14 @@ pub fn configuration_identity(
         root.insert(COLLECTION_KEY.into(), collection);
         root.insert(CAPTURE_KEY.into(), Value::Object(capture));
     }
-    let collection = resolver.resolve_at(&context, &[Segment::Key(COLLECTION_KEY.into())])?;
-    let capture = resolver.resolve_at(&context, &[Segment::Key(CAPTURE_KEY.into())])?;
+    // The two trees are resolved in place under keys of ours; an error names the key as the
+    // sender wrote it.
+    let collection = resolver
+        .resolve_at(&context, &[Segment::Key(COLLECTION_KEY.into())])
+        .map_err(|e| e.rooted_at(COLLECTION_KEY, "config"))?;
+    let capture = resolver
+        .resolve_at(&context, &[Segment::Key(CAPTURE_KEY.into())])
+        .map_err(|e| e.rooted_at(CAPTURE_KEY, "global_config.token_id_capture"))?;
 
     let mut identity = Map::new();
     identity.insert("collection".into(), collection);

@@ -926,6 +926,58 @@ fn the_interpolation_subset_resolves_like_omegaconf_and_refuses_the_rest() {
     );
 }
 
+/// Refusals of an interpolation speak of what the sender wrote: a key of `config` is named
+/// under `config` (not the internal key its tree is resolved under), and a `<` the sender never
+/// wrote (the marker left where a credential-named interpolation was redacted) is explained.
+#[test]
+fn interpolation_refusals_name_keys_and_text_as_the_sender_wrote_them() {
+    let cases: [(&str, Value, Value, &str, &str); 4] = [
+        (
+            "a relative reference in config to a missing key",
+            set(base_config(), "extra", json!("${.missing}")),
+            base_global(),
+            "'config.extra'",
+            "_collection_identity",
+        ),
+        (
+            "an absolute reference in config to a missing key",
+            set(base_config(), "extra", json!("${nowhere.at_all}")),
+            base_global(),
+            "'config.extra'",
+            "_collection_identity",
+        ),
+        (
+            "a credential-named default nested unquoted in a server",
+            base_config(),
+            set(
+                base_global(),
+                &format!("{JUDGE}.bad"),
+                json!("${oc.env:PLAIN,${oc.env:API_KEY}}"),
+            ),
+            "stands for a credential-named interpolation",
+            "API_KEY}",
+        ),
+        (
+            "a character the sender wrote unquoted",
+            base_config(),
+            set(
+                base_global(),
+                &format!("{JUDGE}.bad"),
+                json!("${oc.env:A,a<b}"),
+            ),
+            "quote the argument",
+            "stands for a credential-named",
+        ),
+    ];
+    for (case, config, global, named, never) in cases {
+        let error = compute(&config, &global, &base_rows(), &json!({})).expect_err(case);
+        let text = error.to_string();
+        assert_eq!(error.kind(), "interpolation", "{case}: {text}");
+        assert!(text.contains(named), "{case}: names {named}: {text}");
+        assert!(!text.contains(never), "{case}: never {never}: {text}");
+    }
+}
+
 /// Issue 9, item 6: a credential-named mapping that an interpolation elsewhere references is
 /// redacted and the reference resolves to the marker (not a missing key); a URL password holding
 /// `@` and `/` is hidden whole; a credential read from the environment is never needed.
