@@ -18,6 +18,32 @@ pub const LINE: usize = 1 << 20;
 /// Rollout ids in one reservation.
 pub const ROLLOUT_IDS: usize = 100_000;
 
+/// The largest attempt cap a run may be created with (a cap counts dispatches; extensions
+/// are added to it).
+pub const MAX_ROLLOUT_ATTEMPTS: u64 = 1_000_000;
+
+/// An attempt cap: a whole number from 1 to [`MAX_ROLLOUT_ATTEMPTS`]. Any other number is
+/// refused with that range, the value named (`-1` and `10^30` as `0` is, not as a type).
+pub fn opt_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(cap) = number
+        .as_u64()
+        .filter(|cap| (1..=MAX_ROLLOUT_ATTEMPTS).contains(cap))
+    {
+        return Ok(Some(cap));
+    }
+    let what = if number.is_f64() {
+        "is not a whole number"
+    } else {
+        "is out of range"
+    };
+    Err(D::Error::custom(format!(
+        "{number} {what}: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"
+    )))
+}
+
 fn bounded<'de, D: Deserializer<'de>>(deserializer: D, max: usize) -> Result<String, D::Error> {
     let value = String::deserialize(deserializer)?;
     if value.len() > max {

@@ -1893,13 +1893,31 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
             r#"{"output_path": "o.jsonl"} trailing"#.to_owned(),
             "body: malformed JSON: trailing characters",
         ),
+        // Every number outside the cap's range is refused with the range, whatever its sign
+        // or size (hostile review, stop 27: `-1` was "0 or more" while `0` was the range).
         (
             format!("{attempts}99999999999999999999999}}"),
-            "max_rollout_attempts: invalid value: 99999999999999999999999 is out of range, expected an integer of 0 or more",
+            "max_rollout_attempts: 99999999999999999999999 is out of range: must be between 1 and 1000000",
         ),
         (
             format!("{attempts}-99999999999999999999999 }}"),
-            "max_rollout_attempts: invalid value: -99999999999999999999999 is out of range",
+            "max_rollout_attempts: -99999999999999999999999 is out of range: must be between 1 and 1000000",
+        ),
+        (
+            format!("{attempts}-1}}"),
+            "max_rollout_attempts: -1 is out of range: must be between 1 and 1000000",
+        ),
+        (
+            format!("{attempts}0}}"),
+            "max_rollout_attempts: 0 is out of range: must be between 1 and 1000000",
+        ),
+        (
+            format!("{attempts}1000001}}"),
+            "max_rollout_attempts: 1000001 is out of range: must be between 1 and 1000000",
+        ),
+        (
+            format!("{attempts}\"3\"}}"),
+            "max_rollout_attempts: invalid type: string \"3\", expected a JSON number",
         ),
         // Not JSON, and not an object: both said (a byte order mark here).
         (
@@ -1909,7 +1927,7 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
         // A number written with a fraction is a float indeed.
         (
             format!("{attempts}1.5}}"),
-            "max_rollout_attempts: invalid type: floating point `1.5`, expected an integer of 0 or more",
+            "max_rollout_attempts: 1.5 is not a whole number: must be between 1 and 1000000",
         ),
     ];
     for (body, said) in cases {

@@ -54,7 +54,7 @@ pub struct CreateRunRequest {
     #[schema(value_type = Option<Vec<Object>>)]
     pub rows: Option<Vec<Value>>,
     /// The run's attempt cap (default: the service's), 1 to 1,000,000.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::opt_attempts")]
     #[schema(minimum = 1, maximum = 1_000_000)]
     pub max_rollout_attempts: Option<u64>,
     #[serde(default)]
@@ -128,15 +128,6 @@ pub async fn create_run(
         if !value.is_object() {
             return Err(not_an_object(field));
         }
-    }
-    if request
-        .max_rollout_attempts
-        .is_some_and(|cap| !(1..=MAX_ROLLOUT_ATTEMPTS).contains(&cap))
-    {
-        return Err(ApiError::invalid_field(
-            "max_rollout_attempts",
-            format!("max_rollout_attempts: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"),
-        ));
     }
     if request.output_path.trim().is_empty() {
         return Err(ApiError::invalid_field(
@@ -533,10 +524,6 @@ pub async fn list_runs(
 }
 
 /// One run: its record, manifest, lease holder and caps.
-/// The largest attempt cap a run may be created with (a cap counts dispatches; extensions are
-/// added to it).
-const MAX_ROLLOUT_ATTEMPTS: u64 = 1_000_000;
-
 #[utoipa::path(get, path = "/runs/{run_id}", tag = "runs", params(("run_id" = String, Path, description = "Run id")),
     responses((status = 200, body = RunView), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn get_run(
