@@ -224,13 +224,18 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
         ResumeVerdict::ImportLegacy { message } => {
             (0, json!({"outcome": "import_legacy", "message": message}))
         }
+        // The service's `details` of the same refusal: mismatch codes and each semantic key
+        // with the rule that refused it.
         ResumeVerdict::Refused {
             message,
             mismatches,
-        } => (
-            1,
-            json!({"outcome": "refused", "message": message, "mismatches": mismatches.iter().map(|m| m.code()).collect::<Vec<_>>()}),
-        ),
+        } => {
+            let details = recovery_server::error::mismatch_details(&mismatches);
+            (
+                1,
+                json!({"outcome": "refused", "message": message, "mismatches": details["mismatches"], "semantic_keys": details["semantic_keys"]}),
+            )
+        }
         ResumeVerdict::NoManifest { message } => {
             (1, json!({"outcome": "no_manifest", "message": message}))
         }

@@ -1366,7 +1366,14 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         Some(1),
         "a refusal exits 1 like ConfigError"
     );
-    assert!(String::from_utf8_lossy(&refused.stdout).contains("temperature"));
+    let report: Value = serde_json::from_slice(&refused.stdout).expect("a JSON report");
+    assert_eq!(report["mismatches"], json!(["semantic_configuration"]));
+    // Each refusing key with its rule, as the service's `details.semantic_keys` gives it.
+    assert_eq!(
+        report["semantic_keys"],
+        json!([{"key": "collection.responses_create_params.temperature", "class": "semantic", "reason": "listed_key", "segment": "responses_create_params"}]),
+        "{report}"
+    );
     let against = Command::new(BIN)
         .args(["identity", "--bundle"])
         .arg(&hotter)
