@@ -631,6 +631,9 @@ impl Store {
                         sqlx::query(checkpoint::SAFETY_NET)
                             .execute(&mut *connection)
                             .await?;
+                        sqlx::query(checkpoint::LOG_SIZE_LIMIT)
+                            .execute(&mut *connection)
+                            .await?;
                     }
                     Ok(())
                 })
