@@ -34,13 +34,14 @@ pub fn opt_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::E
     {
         return Ok(Some(cap));
     }
+    // A number written with `.`, `e` or `E` is a float (as CPython reads it), `1e3` too.
     let what = if number.is_f64() {
-        "is not a whole number"
+        "is a float: must be an integer"
     } else {
-        "is out of range"
+        "is out of range: must be"
     };
     Err(D::Error::custom(format!(
-        "{number} {what}: must be between 1 and {MAX_ROLLOUT_ATTEMPTS}"
+        "{number} {what} between 1 and {MAX_ROLLOUT_ATTEMPTS}"
     )))
 }
 

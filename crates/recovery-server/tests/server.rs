@@ -1927,7 +1927,11 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
         // A number written with a fraction is a float indeed.
         (
             format!("{attempts}1.5}}"),
-            "max_rollout_attempts: 1.5 is not a whole number: must be between 1 and 1000000",
+            "max_rollout_attempts: 1.5 is a float: must be an integer between 1 and 1000000",
+        ),
+        (
+            format!("{attempts}1e3}}"),
+            "max_rollout_attempts: 1e+3 is a float: must be an integer between 1 and 1000000",
         ),
     ];
     for (body, said) in cases {
