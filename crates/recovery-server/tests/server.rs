@@ -503,6 +503,58 @@ async fn no_credential_value_reaches_a_file_a_row_or_a_response() {
     );
 }
 
+/// A configuration value holding a token beside an interpolation that does not parse is refused
+/// 422 and recorded as an `invalid` resume event: neither the answer nor the event (database
+/// file, its log) nor any sidecar repeats the value.
+#[tokio::test]
+async fn an_unparsable_value_holding_a_token_is_refused_without_repeating_it() {
+    const TOKEN: &str = "TKN4ZV8";
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    for value in [
+        format!("Bearer {TOKEN} ${{unclosed"),
+        format!("--api-key {TOKEN} ${{oc.env:A,'unclosed}}"),
+        format!("${{oc.env:A,{TOKEN}<}}"),
+    ] {
+        let mut body = app.validate_body(0.3, 8000);
+        body["config"]["extra"] = json!(value);
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            reply.body
+        );
+        let message = reply.body["message"].as_str().expect("message");
+        assert!(message.contains("config.extra"), "{message}");
+        assert!(!reply.body.to_string().contains(TOKEN), "{}", reply.body);
+    }
+    let events = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 100)
+        .await
+        .expect("events");
+    let invalid = events.iter().filter(|e| e.outcome == "invalid").count();
+    assert_eq!(invalid, 3, "each refusal is recorded: {events:?}");
+    for file in files_under(app._dir.path()) {
+        let bytes = std::fs::read(&file).expect("file");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(TOKEN),
+            "the token reached {}",
+            file.display()
+        );
+    }
+}
+
 #[tokio::test]
 async fn validate_reuses_journals_operational_drift_and_refuses_semantic_drift() {
     let app = TestApp::new().await;

@@ -293,7 +293,7 @@ impl<'env> Resolver<'env> {
                 match self.env.get(&name) {
                     Some(value) => Ok(Value::String(value.clone())),
                     None => match default {
-                        None => Err(error(format!("environment variable '{name}' not found"))),
+                        None => Err(error(environment_variable_not_found(&name))),
                         Some(argument) => match self.argument(root, argument, path)? {
                             // `oc.env` passes its default through `str()`, except None.
                             Resolved::Json(Value::Null) => Ok(Value::Null),
@@ -444,7 +444,7 @@ fn absolute_path(reference: &str, from: &[Segment]) -> Result<Vec<Segment>, Stri
         let up = dots - 1;
         if up > container_len {
             return Err(format!(
-                "error resolving key '{reference}': no parent at that level"
+                "a relative key climbs {up} levels above its container, past the root"
             ));
         }
         from[..container_len - up].to_vec()
@@ -462,26 +462,24 @@ fn absolute_path(reference: &str, from: &[Segment]) -> Result<Vec<Segment>, Stri
             None => (piece, ""),
         };
         if name.is_empty() && indexes.is_empty() {
-            return Err(format!("invalid interpolation key '{reference}'"));
+            return Err(invalid_reference());
         }
         if !name.is_empty() {
             if name
                 .chars()
                 .any(|c| c.is_whitespace() || "${}[]:'\"\\".contains(c))
             {
-                return Err(format!("invalid interpolation key '{reference}'"));
+                return Err(invalid_reference());
             }
             path.push(Segment::Key(name.to_owned()));
         }
         let mut remaining = indexes;
         while !remaining.is_empty() {
-            let close = remaining
-                .find(']')
-                .ok_or_else(|| format!("invalid interpolation key '{reference}'"))?;
+            let close = remaining.find(']').ok_or_else(invalid_reference)?;
             // `[0]` indexes a list; `[name]` is a key (OmegaConf's bracket keys).
             let inside = remaining[1..close].trim();
             if inside.is_empty() {
-                return Err(format!("invalid interpolation key '{reference}'"));
+                return Err(invalid_reference());
             }
             path.push(match inside.parse::<usize>() {
                 Ok(index) => Segment::Index(index),
@@ -489,11 +487,35 @@ fn absolute_path(reference: &str, from: &[Segment]) -> Result<Vec<Segment>, Stri
             });
             remaining = &remaining[close + 1..];
             if !remaining.is_empty() && !remaining.starts_with('[') {
-                return Err(format!("invalid interpolation key '{reference}'"));
+                return Err(invalid_reference());
             }
         }
     }
     Ok(path)
+}
+
+/// A missing `oc.env` variable, named when its name is one a shell could hold (anything else
+/// may be any text the value held, and refusals are recorded and logged).
+fn environment_variable_not_found(name: &str) -> String {
+    let shell_name = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if shell_name {
+        format!("environment variable '{name}' not found")
+    } else {
+        "environment variable not found (its name is not shown: it is not a shell variable's name)"
+            .to_owned()
+    }
+}
+
+/// Why a reference is not a key path. The reference is not quoted: it failed to be a name, so
+/// it may be any text the value held (refusals are recorded and logged).
+fn invalid_reference() -> String {
+    "invalid interpolation key: a key path is names separated by '.', with [index] or [name] \
+     steps, and holds no whitespace, '$', '{', '}', ':', quotes or backslashes"
+        .to_owned()
 }
 
 /// Splits a string value into literal text and interpolations, with OmegaConf's escapes: an odd
@@ -521,8 +543,8 @@ fn parse_template(s: &str) -> Result<Vec<Part>, String> {
             }
         }
         if bytes[i..].starts_with(b"${") {
-            let end = matching_brace(bytes, i + 2)
-                .ok_or_else(|| format!("unterminated interpolation in '{s}'"))?;
+            let end =
+                matching_brace(bytes, i + 2).ok_or_else(|| unterminated_interpolation(&s[..i]))?;
             if !literal.is_empty() {
                 parts.push(Part::Literal(std::mem::take(&mut literal)));
             }
@@ -575,6 +597,16 @@ fn matching_brace(bytes: &[u8], start: usize) -> Option<usize> {
     None
 }
 
+/// A `${` with no `}` closing it, named by where it starts (the text before it is counted, never
+/// quoted: the value may hold a credential the redaction did not recognise, and refusals are
+/// recorded and logged).
+fn unterminated_interpolation(before: &str) -> String {
+    format!(
+        "the interpolation starting at character {} is never closed (a '${{' without its '}}')",
+        before.chars().count() + 1
+    )
+}
+
 fn parse_expression(body: &str) -> Result<Expression, String> {
     let body = body.trim();
     if body.is_empty() {
@@ -582,9 +614,9 @@ fn parse_expression(body: &str) -> Result<Expression, String> {
     }
     let Some(call) = RESOLVER_CALL.captures(body) else {
         if body.contains("${") {
-            return Err(format!(
-                "nested interpolation '${{{body}}}' is not supported"
-            ));
+            return Err(
+                "an interpolation inside a key reference (`${a.${b}}`) is not supported".into(),
+            );
         }
         return Ok(Expression::Node(body.to_owned()));
     };
@@ -645,6 +677,16 @@ impl Arguments<'_> {
         self.text[self.pos..].chars().next()
     }
 
+    /// The 1-based character position of the cursor, for messages that must not quote the
+    /// arguments themselves.
+    fn character(&self) -> usize {
+        self.character_at(self.pos)
+    }
+
+    fn character_at(&self, byte: usize) -> usize {
+        self.text[..byte].chars().count() + 1
+    }
+
     fn skip_spaces(&mut self) {
         while let Some(c @ (' ' | '\t')) = self.peek() {
             self.pos += c.len_utf8();
@@ -653,8 +695,11 @@ impl Arguments<'_> {
 
     fn unexpected(&self) -> String {
         match self.peek() {
-            Some(c) => format!("unexpected '{c}' in resolver arguments '{}'", self.text),
-            None => format!("resolver arguments '{}' end too soon", self.text),
+            Some(c) => format!(
+                "unexpected '{c}' at character {} of the resolver arguments",
+                self.character()
+            ),
+            None => "the resolver arguments end too soon".to_owned(),
         }
     }
 
@@ -742,6 +787,7 @@ impl Arguments<'_> {
     /// A quoted string: a run of backslashes before the quote stands for half as many, an odd
     /// one escapes the quote; other backslashes are kept; interpolations inside are resolved.
     fn quoted(&mut self, quote: char) -> Result<Vec<Piece>, String> {
+        let start = self.pos;
         self.pos += 1;
         let bytes = self.text.as_bytes();
         let mut pieces = Vec::new();
@@ -781,7 +827,10 @@ impl Arguments<'_> {
             literal.push(c);
             self.pos += c.len_utf8().max(1);
         }
-        Err(format!("unterminated quoted argument in '{}'", self.text))
+        Err(format!(
+            "a quoted resolver argument is never closed (its {quote} at character {} has no match)",
+            self.character_at(start)
+        ))
     }
 
     /// A nested `${...}` at the cursor, as a piece.
@@ -791,8 +840,13 @@ impl Arguments<'_> {
         literal: &mut String,
     ) -> Result<(), String> {
         let bytes = self.text.as_bytes();
-        let end = matching_brace(bytes, self.pos + 2)
-            .ok_or_else(|| format!("unterminated interpolation in '{}'", self.text))?;
+        let end = matching_brace(bytes, self.pos + 2).ok_or_else(|| {
+            format!(
+                "the interpolation at character {} of the resolver arguments is never \
+                     closed (a '${{' without its '}}')",
+                self.character()
+            )
+        })?;
         if !literal.is_empty() {
             pieces.push(Piece::Literal(std::mem::take(literal)));
         }
@@ -840,8 +894,9 @@ impl Arguments<'_> {
                     "quote the argument".to_owned()
                 };
                 return Err(format!(
-                    "'{c}' is not allowed in an unquoted resolver argument ('{}'): {hint}",
-                    self.text
+                    "'{c}' (character {} of the resolver arguments) is not allowed in an \
+                     unquoted resolver argument: {hint}",
+                    self.character()
                 ));
             }
             literal.push(c);

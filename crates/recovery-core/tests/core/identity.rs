@@ -978,6 +978,68 @@ fn interpolation_refusals_name_keys_and_text_as_the_sender_wrote_them() {
     }
 }
 
+/// A value that does not parse as an interpolation may still hold a credential the redaction
+/// has no pattern for (`Bearer` inside the text, a flag's argument): the refusal names the key
+/// and the problem, and never quotes the value, since refusals are recorded and logged.
+#[test]
+fn interpolation_refusals_never_quote_the_value_they_refuse() {
+    const TOKEN: &str = "TKN9QX7";
+    let cases: [(&str, String, &str); 8] = [
+        (
+            "an interpolation never closed",
+            format!("Bearer {TOKEN} ${{unclosed"),
+            "never closed",
+        ),
+        (
+            "a quoted argument never closed",
+            format!("--api-key {TOKEN} ${{oc.env:A,'unclosed {TOKEN}}}"),
+            "is never closed",
+        ),
+        (
+            "a character an unquoted argument may not hold",
+            format!("${{oc.env:A,{TOKEN}<x}} and {TOKEN}"),
+            "is not allowed in an unquoted resolver argument",
+        ),
+        (
+            "a list argument never closed",
+            format!("${{oc.env:A,[{TOKEN}}} {TOKEN}"),
+            "end too soon",
+        ),
+        (
+            "a reference that is not a key path",
+            format!("${{{TOKEN} is here}}"),
+            "invalid interpolation key",
+        ),
+        (
+            "a variable name no shell has",
+            format!("${{oc.env:'{TOKEN} value'}}"),
+            "environment variable not found",
+        ),
+        (
+            "a reference climbing past the root",
+            format!("${{.......{TOKEN}}}"),
+            "past the root",
+        ),
+        (
+            "an interpolation inside a key reference",
+            format!("${{a.${{{TOKEN}}}}}"),
+            "inside a key reference",
+        ),
+    ];
+    for (case, value, problem) in cases {
+        let config = set(base_config(), "extra", json!(value));
+        let error = compute(&config, &base_global(), &base_rows(), &json!({})).expect_err(case);
+        let text = error.to_string();
+        assert_eq!(error.kind(), "interpolation", "{case}: {text}");
+        assert!(
+            text.contains("'config.extra'"),
+            "{case}: names the key: {text}"
+        );
+        assert!(text.contains(problem), "{case}: says {problem}: {text}");
+        assert!(!text.contains(TOKEN), "{case}: quotes the value: {text}");
+    }
+}
+
 /// Issue 9, item 6: a credential-named mapping that an interpolation elsewhere references is
 /// redacted and the reference resolves to the marker (not a missing key); a URL password holding
 /// `@` and `/` is hidden whole; a credential read from the environment is never needed.
