@@ -27,6 +27,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
+/// What a resume across operational drift tells its collector (the service's answer and the
+/// offline `validate` say the same).
+pub fn drift_message(operational_keys: &[String]) -> String {
+    format!(
+        "Resuming across operational configuration drift: {}.",
+        operational_keys.join(", ")
+    )
+}
+
 /// Why an operation was refused or failed. Each variant is one stable API error code.
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {
@@ -1083,10 +1092,7 @@ impl Registry {
                 };
                 tracing::warn!(run_id, keys = ?operational_keys, "resume across operational drift");
                 Ok(Some(Resumed {
-                    message: Some(format!(
-                        "Resuming across operational configuration drift: {}.",
-                        operational_keys.join(", ")
-                    )),
+                    message: Some(drift_message(&operational_keys)),
                     operational_keys,
                     drift_event_id: Some(drift.event_id),
                     ..resumed("resume_with_drift", Some(manifest.to_value()))

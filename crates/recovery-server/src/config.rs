@@ -195,10 +195,11 @@ impl ServerConfig {
                 self.max_lease_ttl.as_secs()
             ));
         }
-        if self.default_max_attempts == 0 {
-            return Err(
-                "--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS) must be at least 1".into(),
-            );
+        if !(1..=crate::limits::MAX_ROLLOUT_ATTEMPTS).contains(&self.default_max_attempts) {
+            return Err(format!(
+                "--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS) must be between 1 and {}",
+                crate::limits::MAX_ROLLOUT_ATTEMPTS
+            ));
         }
         Ok(())
     }

@@ -72,6 +72,20 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The outcome a validate refused with this code is recorded as (and the offline
+    /// `validate` prints): a refusal of the resume itself, or `invalid` for a request that
+    /// could not be decided at all.
+    pub fn resume_outcome(self) -> &'static str {
+        match self {
+            Self::ResumeRefused => "refused",
+            Self::NoManifest => "no_manifest",
+            Self::ManifestUnreadable => "unreadable",
+            Self::RunLocked => "locked",
+            Self::RunSuperseded => "superseded",
+            _ => "invalid",
+        }
+    }
+
     pub fn status(self) -> StatusCode {
         match self {
             Self::InvalidRequest

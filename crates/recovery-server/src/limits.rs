@@ -22,11 +22,34 @@ pub const ROLLOUT_IDS: usize = 100_000;
 /// are added to it).
 pub const MAX_ROLLOUT_ATTEMPTS: u64 = 1_000_000;
 
+/// An attempt cap written on a command line or in an environment variable, with the range a
+/// request's cap is refused with.
+pub fn parse_attempt_cap(text: &str) -> Result<u64, String> {
+    text.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|cap| (1..=MAX_ROLLOUT_ATTEMPTS).contains(cap))
+        .ok_or_else(|| format!("'{text}' is not an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}"))
+}
+
 /// An attempt cap: a whole number from 1 to [`MAX_ROLLOUT_ATTEMPTS`]. Any other number is
 /// refused with that range, the value named (`-1` and `10^30` as `0` is, not as a type).
 pub fn opt_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    let Some(number) = Option::<serde_json::Number>::deserialize(d)? else {
-        return Ok(None);
+    let number = match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(serde_json::Value::Number(number)) => number,
+        // Named by its type, never repeated (a string could be anything).
+        Some(other) => {
+            let kind = match other {
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Array(_) => "a list",
+                _ => "an object",
+            };
+            return Err(D::Error::custom(format!(
+                "got {kind}: must be an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}"
+            )));
+        }
     };
     if let Some(cap) = number
         .as_u64()

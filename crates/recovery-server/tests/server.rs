@@ -1969,7 +1969,11 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
         ),
         (
             format!("{attempts}\"3\"}}"),
-            "max_rollout_attempts: invalid type: string \"3\", expected a JSON number",
+            "max_rollout_attempts: got a string: must be an integer between 1 and 1000000",
+        ),
+        (
+            format!("{attempts}[[3]]}}"),
+            "max_rollout_attempts: got a list: must be an integer between 1 and 1000000",
         ),
         // Not JSON, and not an object: both said (a byte order mark here).
         (

@@ -87,7 +87,7 @@ struct ServeArgs {
     #[arg(long, env = "RR_REQUEST_TIMEOUT_SECS", default_value_t = 120)]
     request_timeout_secs: u64,
     /// Attempt cap saved in new manifests (NEMO_GYM_MAX_ROLLOUT_ATTEMPTS is honoured when this is unset).
-    #[arg(long, env = "RR_MAX_ROLLOUT_ATTEMPTS")]
+    #[arg(long, env = "RR_MAX_ROLLOUT_ATTEMPTS", value_parser = recovery_server::limits::parse_attempt_cap)]
     max_rollout_attempts: Option<u64>,
     /// Default lease lifetime, in seconds.
     #[arg(long, env = "RR_LEASE_TTL_SECS", default_value_t = 60)]
@@ -102,17 +102,25 @@ struct ServeArgs {
     log_format: String,
 }
 
-/// `_get_max_rollout_attempts()`: a positive int, else a warning and the default 3.
-fn env_max_attempts() -> u64 {
-    match std::env::var("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS") {
-        Ok(raw) if !raw.is_empty() => match raw.trim().parse::<u64>() {
-            Ok(n) if n >= 1 => n,
-            _ => {
-                tracing::warn!(value = %raw, "could not parse NEMO_GYM_MAX_ROLLOUT_ATTEMPTS; falling back to default 3");
-                3
-            }
-        },
-        _ => 3,
+/// `_get_max_rollout_attempts()`: a positive int, else a warning and the default 3. A positive
+/// int past the largest cap a run may have cannot be honoured: refused, as the service's own
+/// flag is.
+fn env_max_attempts() -> anyhow::Result<u64> {
+    const DEFAULT: u64 = recovery_core::plan::DEFAULT_MAX_ROLLOUT_ATTEMPTS;
+    let raw = match std::env::var("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS") {
+        Ok(raw) if !raw.is_empty() => raw,
+        _ => return Ok(DEFAULT),
+    };
+    match raw.trim().parse::<i128>() {
+        Ok(n) if n >= 1 => recovery_server::limits::parse_attempt_cap(&raw)
+            .map_err(|e| anyhow::anyhow!("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS: {e}")),
+        _ => {
+            tracing::warn!(
+                value = %raw,
+                "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS is not an integer of 1 or more; using the default {DEFAULT}, as Python collectors do"
+            );
+            Ok(DEFAULT)
+        }
     }
 }
 
@@ -193,18 +201,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     config.body_limit_bytes = args.body_limit_mb * 1024 * 1024;
     config.request_timeout = Duration::from_secs(args.request_timeout_secs);
+    // Both are bounded as the cap a POST /runs may set is.
     config.default_max_attempts = match args.max_rollout_attempts {
         Some(n) => n,
-        None => env_max_attempts(),
+        None => env_max_attempts()?,
     };
-    if !(1..=1_000_000).contains(&config.default_max_attempts) {
-        // The cap a POST /runs may set is bounded the same way.
-        anyhow::bail!(
-            "--max-rollout-attempts (RR_MAX_ROLLOUT_ATTEMPTS, or NEMO_GYM_MAX_ROLLOUT_ATTEMPTS) \
-             must be between 1 and 1000000, not {}",
-            config.default_max_attempts
-        )
-    }
     config.default_lease_ttl = Duration::from_secs(args.lease_ttl_secs);
     config.drift_policy = args.drift_policy.policy();
     if let Some(replica) = args.replica {

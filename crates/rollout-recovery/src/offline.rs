@@ -194,13 +194,19 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
         &args.policy.policy(),
     ) {
         Ok(decided) => decided.verdict,
+        // What the service answers and records for the same request (an unresolvable
+        // configuration is `invalid`, not a refused resume), with its error code and details.
         Err(e) => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(
-                    &json!({"outcome": "refused", "message": e.to_string()})
-                )?
-            );
+            let error = recovery_server::error::ApiError::from(e);
+            let mut report = json!({
+                "outcome": error.code.resume_outcome(),
+                "code": error.code,
+                "message": error.message,
+            });
+            if !error.details.is_null() {
+                report["details"] = error.details;
+            }
+            println!("{}", serde_json::to_string_pretty(&report)?);
             return Ok(1);
         }
     };
@@ -213,7 +219,7 @@ pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
             operational_keys,
         } => (
             0,
-            json!({"outcome": "resume_with_drift", "run_id": manifest.run_id, "operational_keys": operational_keys}),
+            json!({"outcome": "resume_with_drift", "run_id": manifest.run_id, "message": recovery_runs::operations::drift_message(&operational_keys), "operational_keys": operational_keys}),
         ),
         ResumeVerdict::Overridden {
             manifest, message, ..
@@ -253,7 +259,7 @@ pub struct PlanArgs {
     #[arg(long)]
     output: PathBuf,
     /// The cap for manifests that saved none (1 to 1,000,000).
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(long, default_value_t = 3, value_parser = recovery_server::limits::parse_attempt_cap)]
     default_max_attempts: u64,
 }
 

@@ -1403,9 +1403,39 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         )
         .output()
         .expect("validate");
-    let text = String::from_utf8_lossy(&declared.stdout);
-    assert_eq!(declared.status.code(), Some(0), "{text}");
-    assert!(text.contains("resume_with_drift"), "{text}");
+    assert_eq!(declared.status.code(), Some(0));
+    let report: Value = serde_json::from_slice(&declared.stdout).expect("json");
+    assert_eq!(report["outcome"], "resume_with_drift", "{report}");
+    // The service's message for the same resume, naming the key.
+    assert_eq!(
+        report["message"],
+        "Resuming across operational configuration drift: collection.responses_create_params.temperature.",
+        "{report}"
+    );
+    // A configuration that cannot be resolved is not a refused resume: the service answers 422
+    // and records it `invalid`, and so does this check.
+    let mut unresolvable = config(0.3);
+    unresolvable["extra"] = json!("${nowhere.at_all}");
+    let broken = dir.path().join("broken.json");
+    std::fs::write(
+        &broken,
+        json!({"config": unresolvable, "global_config": global(8000)}).to_string(),
+    )
+    .expect("bundle");
+    let invalid = validate(&broken);
+    assert_eq!(invalid.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&invalid.stdout).expect("json");
+    assert_eq!(
+        (report["outcome"].as_str(), report["code"].as_str()),
+        (Some("invalid"), Some("identity_error")),
+        "{report}"
+    );
+    assert!(
+        report["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("'config.extra'")),
+        "{report}"
+    );
     let classify = Command::new(BIN)
         .arg("classify")
         .arg(&paths.output)
@@ -1418,40 +1448,72 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
 #[test]
 fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
     let dir = tempfile::tempdir().expect("dir");
+    const CAP_RANGE: &str = "is not an integer between 1 and 1000000";
+    let no_env: &[(&str, &str)] = &[];
     let cases = [
         (
             "a default lease longer than the maximum",
             vec!["--lease-ttl-secs", "99999"],
+            no_env,
             "--lease-ttl-secs",
         ),
         (
             "an attempt cap of zero",
             vec!["--max-rollout-attempts", "0"],
-            "--max-rollout-attempts",
+            no_env,
+            CAP_RANGE,
         ),
         (
             "an unknown log format",
             vec!["--log-format", "yaml"],
+            no_env,
             "yaml",
         ),
         (
             "an attempt cap over a million",
             vec!["--max-rollout-attempts", "1000001"],
-            "--max-rollout-attempts",
+            no_env,
+            CAP_RANGE,
+        ),
+        (
+            "a negative attempt cap",
+            vec!["--max-rollout-attempts=-1"],
+            no_env,
+            CAP_RANGE,
+        ),
+        (
+            "a fractional attempt cap",
+            vec!["--max-rollout-attempts", "1.5"],
+            no_env,
+            CAP_RANGE,
+        ),
+        (
+            "an attempt cap of zero from the service's variable",
+            vec![],
+            &[("RR_MAX_ROLLOUT_ATTEMPTS", "0")],
+            CAP_RANGE,
+        ),
+        (
+            "an attempt cap from the collectors' variable that no run may have",
+            vec![],
+            &[("NEMO_GYM_MAX_ROLLOUT_ATTEMPTS", "1000001")],
+            "NEMO_GYM_MAX_ROLLOUT_ATTEMPTS: '1000001' is not an integer between 1 and 1000000",
         ),
         (
             "a token with a control character",
             vec!["--token", "operator:o:abcdefgh\u{1}ijklmnopq"],
+            no_env,
             "control",
         ),
     ];
-    for (case, flags, named) in cases {
+    for (case, flags, env, named) in cases {
         let output = Command::new(BIN)
             .args(["serve", "--bind", "127.0.0.1:0", "--data-dir"])
             .arg(dir.path().join("data"))
             .arg("--root")
             .arg(dir.path().join("runs"))
             .args(&flags)
+            .envs(env.iter().copied())
             .env("RR_LOG", "warn")
             .output()
             .expect("serve");
@@ -1544,8 +1606,8 @@ fn a_log_filter_that_cannot_be_read_is_said_not_silently_replaced() {
                 "serve",
                 "--bind",
                 "127.0.0.1:0",
-                "--max-rollout-attempts",
-                "0",
+                "--lease-ttl-secs",
+                "99999",
             ])
             .arg("--data-dir")
             .arg(dir.path().join("data"))

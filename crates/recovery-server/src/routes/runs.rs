@@ -298,15 +298,7 @@ pub async fn validate(
             let state = work;
             let result = validate_inner(&state, &paths, request, &mut event).await;
             if let Err(error) = &result {
-                event.outcome = match error.code {
-                    ErrorCode::ResumeRefused => "refused",
-                    ErrorCode::NoManifest => "no_manifest",
-                    ErrorCode::ManifestUnreadable => "unreadable",
-                    ErrorCode::RunLocked => "locked",
-                    ErrorCode::RunSuperseded => "superseded",
-                    _ => "invalid",
-                }
-                .into();
+                event.outcome = error.code.resume_outcome().into();
                 event.message = error.message.clone();
             }
             let outcome = event.outcome.clone();
