@@ -477,7 +477,7 @@ pub fn page_limit(limit: Option<u32>, default: u32) -> ApiResult<u32> {
         Some(limit @ 1..=MAX_PAGE) => Ok(limit),
         Some(other) => Err(ApiError::invalid_field(
             "limit",
-            format!("limit: {other} is outside 1-{MAX_PAGE}"),
+            format!("limit: {other} is out of range: must be between 1 and {MAX_PAGE}"),
         )),
     }
 }

@@ -36,6 +36,18 @@ struct Reply {
     body: Value,
 }
 
+impl Reply {
+    /// Asserts a 422 naming `field` in its details; `case` says which request in a table.
+    fn assert_field_refused(&self, field: &str, case: &str) {
+        assert_eq!(
+            (self.status, self.body["details"]["field"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(field)),
+            "{case}: {}",
+            self.body
+        );
+    }
+}
+
 impl TestApp {
     async fn new() -> Self {
         Self::with(|_| {}).await
@@ -1911,17 +1923,7 @@ async fn an_environment_value_of_the_wrong_type_is_refused_without_repeating_it(
             let reply = app
                 .call_raw(Method::POST, &uri, Some(COLLECTOR), Some(body))
                 .await;
-            assert_eq!(
-                reply.status,
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "{what} {uri}: {}",
-                reply.body
-            );
-            assert_eq!(
-                reply.body["details"]["field"], field,
-                "{what} {uri}: {}",
-                reply.body
-            );
+            reply.assert_field_refused(field, &format!("{what} {uri}"));
             assert!(
                 !reply.body.to_string().contains(secret),
                 "{what} {uri}: the refusal repeats the value: {}",

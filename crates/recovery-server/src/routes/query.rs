@@ -122,7 +122,8 @@ pub struct DriftPage {
     /// Present when more events match now: pass it as `cursor` for the next page.
     pub next_cursor: Option<String>,
     /// In `recorded` order, always present: pass it as `cursor` (with `order=recorded`) later
-    /// to receive exactly the matching events recorded after this page. Null in `time` order.
+    /// to receive exactly the matching events recorded after this page. Null in `time` and
+    /// `newest` order.
     pub follow_cursor: Option<String>,
 }
 

@@ -83,17 +83,7 @@ async fn a_number_of_the_wrong_kind_is_refused_in_words_not_rust_type_names() {
             )
             .await;
         let message = reply.body["message"].as_str().unwrap_or_default();
-        assert_eq!(
-            reply.status,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "{body}: {}",
-            reply.body
-        );
-        assert_eq!(
-            reply.body["details"]["field"], field,
-            "{body}: {}",
-            reply.body
-        );
+        reply.assert_field_refused(field, &body.to_string());
         assert!(
             message.starts_with(&format!("{field}: ")) && message.ends_with(said),
             "{body}: {message}"
