@@ -774,7 +774,7 @@ where
                         let reason = &text[field.len() + 2..];
                         let value = query_value(parts.uri.query().unwrap_or(""), &field);
                         let said = value
-                            .and_then(|value| integer_in_words(reason, &value))
+                            .and_then(|value| integer_in_words(reason, &value, &field))
                             .unwrap_or_else(|| reason.to_owned());
                         ApiError::invalid_field(&field, format!("{field}: {said}"))
                     }
@@ -794,10 +794,18 @@ fn query_value(query: &str, name: &str) -> Option<String> {
 
 /// An integer parameter's refusal in words naming the value, for the standard library's
 /// reasons (`invalid digit found in string` said the same of `-1` and of `abc`).
-fn integer_in_words(reason: &str, value: &str) -> Option<String> {
+fn integer_in_words(reason: &str, value: &str, field: &str) -> Option<String> {
     let negative = value
         .strip_prefix('-')
         .is_some_and(|digits| !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()));
+    // A page size's range is said as `page_limit` says it of `0`.
+    let out_of_range = reason == "number too large to fit in target type"
+        || (reason == "invalid digit found in string" && negative);
+    if field == "limit" && out_of_range {
+        return Some(format!(
+            "{value} is out of range: must be between 1 and {MAX_PAGE}"
+        ));
+    }
     match reason {
         "number too large to fit in target type" => Some(format!("{value} is out of range")),
         "invalid digit found in string" if negative => {

@@ -2013,11 +2013,23 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
 async fn integer_query_parameters_are_refused_naming_the_value() {
     let app = TestApp::new().await;
     for (query, said) in [
+        // Every number outside the range says the range, as `0` does.
         (
             "limit=99999999999999999999",
-            "limit: 99999999999999999999 is out of range",
+            "limit: 99999999999999999999 is out of range: must be between 1 and 1000",
         ),
-        ("limit=-1", "limit: -1 is out of range: it is negative"),
+        (
+            "limit=-1",
+            "limit: -1 is out of range: must be between 1 and 1000",
+        ),
+        (
+            "limit=0",
+            "limit: 0 is out of range: must be between 1 and 1000",
+        ),
+        (
+            "limit=1001",
+            "limit: 1001 is out of range: must be between 1 and 1000",
+        ),
         ("limit=abc", "limit: \"abc\" is not an integer"),
         ("limit=1.5", "limit: \"1.5\" is not an integer"),
         ("limit=", "limit: must not be empty (an integer)"),
