@@ -617,7 +617,10 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
             ApiError::invalid(format!("body: malformed JSON: {inner}"))
         } else if syntax {
             // Where the text stops being JSON (a lone surrogate in a row, a body cut short).
-            ApiError::invalid_field(&path, format!("{path}: malformed JSON: {inner}"))
+            ApiError::invalid_field(
+                &path,
+                format!("{path}: malformed JSON: {inner}{}", surrogate_hint(&inner)),
+            )
         } else if path == "." {
             // A missing or unknown field is named only by serde's message.
             let said = without_position(&inner);
@@ -648,13 +651,42 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
             )
         } else {
             // The field first, as every other refusal of a field says it.
-            ApiError::invalid_field(&path, format!("{path}: {}", without_position(&inner)))
+            let said = without_quoted_value(without_position(&inner));
+            ApiError::invalid_field(&path, format!("{path}: {said}"))
         }
     })?;
     deserializer
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// What serde_json's words for a `\uD800`-`\uDFFF` escape without its other half mean.
+fn surrogate_hint(error: &serde_json::Error) -> &'static str {
+    let text = error.to_string();
+    if text.starts_with("unexpected end of hex escape") || text.contains("surrogate") {
+        " (a \\uD800-\\uDFFF escape is half of a surrogate pair: a lone one is no character)"
+    } else {
+        ""
+    }
+}
+
+/// serde's message without the text of a string it could not take (`invalid type: string
+/// "Bearer ...", expected a boolean`, `unknown variant `...``): a collector that put a token in
+/// the wrong field is told the field and what it takes, never shown the token again.
+fn without_quoted_value(said: String) -> String {
+    let Some((_, expected)) = said.rsplit_once(", expected ") else {
+        return said;
+    };
+    for kind in ["invalid type", "invalid value"] {
+        if said.starts_with(&format!("{kind}: string ")) {
+            return format!("{kind}: a string, expected {expected}");
+        }
+    }
+    if said.starts_with("unknown variant `") {
+        return format!("unknown value, expected {expected}");
+    }
+    said
 }
 
 /// Whether a body field's value may be a secret, so that a refusal must not repeat it: the

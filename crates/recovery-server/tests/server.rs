@@ -1933,6 +1933,59 @@ async fn an_environment_value_of_the_wrong_type_is_refused_without_repeating_it(
     }
 }
 
+/// A token sent in a field of another type (a boolean, a number) is refused naming the field and
+/// the type it takes, never repeated (collectors log refusals; validate records them).
+#[tokio::test]
+async fn a_string_in_a_field_of_another_type_is_refused_without_being_repeated() {
+    const TOKEN: &str = "TKN7WQ2";
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let mut validate = app.validate_body(0.3, 8000);
+    validate["allow_unsafe"] = json!(format!("Bearer {TOKEN}"));
+    let mut create = app.create_body();
+    create["replace"] = json!(format!("Bearer {TOKEN}"));
+    let mut create_timeouts = app.create_body();
+    create_timeouts["retry_terminal_timeouts"] = json!(TOKEN);
+    let cases = [
+        (format!("/runs/{run_id}/validate"), validate, "allow_unsafe"),
+        ("/runs".to_owned(), create, "replace"),
+        (
+            "/runs".to_owned(),
+            create_timeouts,
+            "retry_terminal_timeouts",
+        ),
+        (
+            format!("/runs/{run_id}/lease"),
+            json!({"holder": "c", "host": "h", "pid": TOKEN}),
+            "pid",
+        ),
+    ];
+    for (uri, body, field) in cases {
+        let reply = app
+            .call(Method::POST, &uri, Some(COLLECTOR), Some(body))
+            .await;
+        reply.assert_field_refused(field, &uri);
+        let message = reply.body["message"].as_str().expect("message");
+        assert!(
+            message.starts_with(&format!("{field}: invalid type: a string, expected ")),
+            "{uri}: {message}"
+        );
+        assert!(
+            !reply.body.to_string().contains(TOKEN),
+            "{uri}: {}",
+            reply.body
+        );
+    }
+    for file in files_under(app._dir.path()) {
+        let bytes = std::fs::read(&file).expect("file");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(TOKEN),
+            "the token reached {}",
+            file.display()
+        );
+    }
+}
+
 #[tokio::test]
 async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
     let app = TestApp::new().await;
@@ -1981,6 +2034,19 @@ async fn bodies_are_refused_for_what_is_wrong_with_them_first() {
         (
             "\u{feff}".to_owned(),
             "body: must be a JSON object, and is not JSON: expected value",
+        ),
+        // A lone surrogate is named as such, whichever half is alone.
+        (
+            r#"{"output_path": "o\ud800.jsonl", "source_path": "s.jsonl"}"#.to_owned(),
+            "output_path: malformed JSON: unexpected end of hex escape at line 1 column 25 (a \\uD800-\\uDFFF escape is half of a surrogate pair: a lone one is no character)",
+        ),
+        (
+            r#"{"output_path": "o\udc00.jsonl", "source_path": "s.jsonl"}"#.to_owned(),
+            "output_path: malformed JSON: lone",
+        ),
+        (
+            r#"{"output_path": "o\ud800\u0041.jsonl", "source_path": "s.jsonl"}"#.to_owned(),
+            "output_path: malformed JSON: lone leading surrogate in hex escape at line 1 column 30 (a \\uD800",
         ),
         // A number written with a fraction is a float indeed.
         (
