@@ -273,6 +273,41 @@ impl Caller {
     }
 }
 
+/// Extractors of a caller allowed a role, checked with the caller's credentials, before the
+/// request's body is read: a caller who may not make a call never has its body parsed (up to
+/// the body limit) nor learns what is wrong with it (a viewer's malformed `POST /runs` is 403,
+/// as its well-formed one is).
+macro_rules! caller_with_role {
+    ($name:ident, $role:expr) => {
+        #[doc = concat!("A caller allowed the `", stringify!($role), "` role (see [`caller_with_role`]).")]
+        #[derive(Debug, Clone)]
+        pub struct $name(pub Caller);
+
+        impl $name {
+            /// `caller`, refused when it does not have the role (for callers that did not come
+            /// through an extractor: the console's forms).
+            pub fn checked(caller: Caller) -> Result<Self, ApiError> {
+                caller.require($role)?;
+                Ok(Self(caller))
+            }
+        }
+
+        impl FromRequestParts<crate::state::AppState> for $name {
+            type Rejection = ApiError;
+
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &crate::state::AppState,
+            ) -> Result<Self, Self::Rejection> {
+                Self::checked(Caller::from_request_parts(parts, state).await?)
+            }
+        }
+    };
+}
+
+caller_with_role!(CollectorCaller, Role::Collector);
+caller_with_role!(OperatorCaller, Role::Operator);
+
 impl FromRequestParts<crate::state::AppState> for Caller {
     type Rejection = ApiError;
 

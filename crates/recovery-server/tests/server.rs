@@ -1933,6 +1933,65 @@ async fn an_environment_value_of_the_wrong_type_is_refused_without_repeating_it(
     }
 }
 
+/// A caller without the role a call needs is refused before its body is read: a viewer's
+/// malformed body is 403 (never told what is wrong with a call it may not make, nor its body
+/// parsed), as its well-formed one is.
+#[tokio::test]
+async fn a_caller_without_the_role_is_refused_before_its_body_is_read() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let run = format!("/runs/{run_id}");
+    let collector_calls = [
+        Method::POST.as_str().to_owned() + " /runs",
+        format!("POST {run}/validate"),
+        format!("POST {run}/lease"),
+        format!("POST {run}/lease/heartbeat"),
+        format!("DELETE {run}/lease"),
+        format!("POST {run}/attempts/reserve"),
+        format!("POST {run}/rejudgments"),
+        format!("POST {run}/rejudgments/x/close"),
+    ];
+    let operator_calls = [
+        format!("POST {run}/approvals"),
+        format!("POST {run}/attempts/extend"),
+        format!("POST {run}/attempts/resubmit"),
+        format!("POST {run}/lease/takeover"),
+    ];
+    let refused = collector_calls
+        .iter()
+        .chain(&operator_calls)
+        .map(|call| (call, VIEWER))
+        .chain(operator_calls.iter().map(|call| (call, COLLECTOR)));
+    for (call, token) in refused {
+        let (method, uri) = call.split_once(' ').expect("method and path");
+        let method = Method::from_bytes(method.as_bytes()).expect("method");
+        let reply = app
+            .call_raw(method, uri, Some(token), Some("{not json".into()))
+            .await;
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden")),
+            "{call} as {token}: {}",
+            reply.body
+        );
+    }
+    // With the role, the same body is refused for what it is.
+    let reply = app
+        .call_raw(
+            Method::POST,
+            &format!("{run}/approvals"),
+            Some(OPERATOR),
+            Some("{not json".into()),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+}
+
 /// A token sent in a field of another type (a boolean, a number) is refused naming the field and
 /// the type it takes, never repeated (collectors log refusals; validate records them).
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! Leases: the service owns each run's lock for as long as a client's lease is live.
 
-use crate::config::{Caller, Role};
+use crate::config::{Caller, CollectorCaller, OperatorCaller, Role};
 use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult, lease_holder};
 use crate::state::AppState;
 use axum::Json;
@@ -136,10 +136,9 @@ async fn lease_request(
 pub async fn acquire(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    CollectorCaller(caller): CollectorCaller,
     ApiJson(request): ApiJson<AcquireRequest>,
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
-    caller.require(Role::Collector)?;
     let lease_request = lease_request(&state, &caller, &run_id, &request).await?;
     let lease = state.leases.acquire(&lease_request).await?;
     Ok((StatusCode::CREATED, Json(granted(&lease))))
@@ -164,10 +163,9 @@ pub struct HeartbeatRequest {
 pub async fn heartbeat(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    _: CollectorCaller,
     ApiJson(request): ApiJson<HeartbeatRequest>,
 ) -> ApiResult<Json<LeaseGranted>> {
-    caller.require(Role::Collector)?;
     state.known_run(&run_id).await?;
     if state.leases.shares_database() && !state.leases.holds(&run_id) {
         // Granted by a replica that stopped: taken here first, so its collector goes on.
@@ -207,10 +205,9 @@ pub struct ReleaseRequest {
 pub async fn release(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    CollectorCaller(caller): CollectorCaller,
     ApiJson(request): ApiJson<ReleaseRequest>,
 ) -> ApiResult<StatusCode> {
-    caller.require(Role::Collector)?;
     state.known_run(&run_id).await?;
     state
         .leases
@@ -312,10 +309,9 @@ pub struct TakeoverRequest {
 pub async fn takeover(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    OperatorCaller(caller): OperatorCaller,
     ApiJson(request): ApiJson<TakeoverRequest>,
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
-    caller.require(Role::Operator)?;
     if request.reason.trim().is_empty() {
         return Err(ApiError::invalid_field(
             "reason",

@@ -1,7 +1,7 @@
 //! Operator and collector actions on a run: masked-rerun approvals, attempt extensions,
 //! resubmits, execution-number reservations and judge-only re-judgments.
 
-use crate::config::{Caller, Role};
+use crate::config::{Caller, CollectorCaller, OperatorCaller, Role};
 use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult};
 use crate::state::AppState;
 use axum::Json;
@@ -39,10 +39,9 @@ pub struct ApprovalRequest {
 pub async fn approve(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    OperatorCaller(caller): OperatorCaller,
     ApiJson(request): ApiJson<ApprovalRequest>,
 ) -> ApiResult<(StatusCode, Json<Approval>)> {
-    caller.require(Role::Operator)?;
     for (field, index) in [
         ("task_index", request.task_index),
         ("rollout_index", request.rollout_index),
@@ -129,10 +128,9 @@ pub struct ExtendRequest {
 pub async fn extend(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    OperatorCaller(caller): OperatorCaller,
     ApiJson(request): ApiJson<ExtendRequest>,
 ) -> ApiResult<(StatusCode, Json<AttemptExtension>)> {
-    caller.require(Role::Operator)?;
     let (_, run) = state.locked_run(&run_id).await?;
     let work = state.clone();
     state
@@ -168,10 +166,9 @@ pub struct ResubmitRequest {
 pub async fn resubmit(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    OperatorCaller(caller): OperatorCaller,
     ApiJson(request): ApiJson<ResubmitRequest>,
 ) -> ApiResult<(StatusCode, Json<Resubmit>)> {
-    caller.require(Role::Operator)?;
     let (_, run) = state.locked_run(&run_id).await?;
     // No live lease may be writing failures while the history is repaired and counted.
     state.registry.check_unleased(&run, &run_id).await?;
@@ -227,10 +224,9 @@ async fn leased_run(state: &AppState, run_id: &str, lease_id: &str) -> ApiResult
 pub async fn reserve(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    _: CollectorCaller,
     ApiJson(request): ApiJson<ReserveRequest>,
 ) -> ApiResult<Json<ReserveResponse>> {
-    caller.require(Role::Collector)?;
     let run = leased_run(&state, &run_id, &request.lease_id).await?;
     let work = state.clone();
     state
@@ -275,10 +271,9 @@ pub struct AdmitRejudgeRequest {
 pub async fn admit_rejudgment(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    _: CollectorCaller,
     ApiJson(request): ApiJson<AdmitRejudgeRequest>,
 ) -> ApiResult<(StatusCode, Json<Rejudgment>)> {
-    caller.require(Role::Collector)?;
     let admission = Admission {
         rollout_id: request.rollout_id,
         attempt: request.attempt,
@@ -325,10 +320,9 @@ pub struct CloseRejudgeRequest {
 pub async fn close_rejudgment(
     State(state): State<AppState>,
     Path((run_id, operation_id)): Path<(String, String)>,
-    caller: Caller,
+    _: CollectorCaller,
     ApiJson(request): ApiJson<CloseRejudgeRequest>,
 ) -> ApiResult<StatusCode> {
-    caller.require(Role::Collector)?;
     let run = leased_run(&state, &run_id, &request.lease_id).await?;
     let work = state.clone();
     state

@@ -1,6 +1,6 @@
 //! Runs: create a run's manifest, validate a resume, read runs.
 
-use crate::config::{Caller, Role};
+use crate::config::{Caller, CollectorCaller, Role};
 use crate::error::{
     ApiError, ApiErrorBody, ApiJson, ApiJsonBytes, ApiQuery, ApiResult, ErrorCode, lease_holder,
     mismatch_details, parse_shallow_json_body,
@@ -114,10 +114,9 @@ fn confined_file(state: &AppState, path: &str, field: &str) -> ApiResult<std::pa
         (status = 401, body = ApiErrorBody), (status = 403, body = ApiErrorBody)))]
 pub async fn create_run(
     State(state): State<AppState>,
-    caller: Caller,
+    CollectorCaller(caller): CollectorCaller,
     ApiJson(request): ApiJson<CreateRunRequest>,
 ) -> ApiResult<(StatusCode, Json<RunCreated>)> {
-    caller.require(Role::Collector)?;
     if request.replace {
         caller.require(Role::Operator)?;
     }
@@ -262,10 +261,9 @@ pub struct ValidateResponse {
 pub async fn validate(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
-    caller: Caller,
+    CollectorCaller(caller): CollectorCaller,
     ApiJsonBytes(body): ApiJsonBytes,
 ) -> ApiResult<Json<ValidateResponse>> {
-    caller.require(Role::Collector)?;
     // Rows may be thousands: a large body is read off the async workers (a small one costs
     // less to read than to hand over), rows and configuration kept as raw texts, so the body
     // needs no depth pass of its own (their readers bound it).

@@ -9,6 +9,7 @@ mod chart;
 mod pages;
 pub mod session;
 
+use crate::config::OperatorCaller;
 use crate::error::{ApiError, ApiJson, ApiQuery};
 use crate::routes;
 use crate::state::AppState;
@@ -523,13 +524,18 @@ async fn takeover(
         Err(bad) => return bad.into_response(),
     };
     let operator = visitor.caller.name.clone();
-    let taken = routes::leases::takeover(
-        State(state.clone()),
-        Path(run_id.clone()),
-        visitor.caller,
-        ApiJson(request),
-    )
-    .await;
+    let taken = match OperatorCaller::checked(visitor.caller) {
+        Ok(caller) => {
+            routes::leases::takeover(
+                State(state.clone()),
+                Path(run_id.clone()),
+                caller,
+                ApiJson(request),
+            )
+            .await
+        }
+        Err(refused) => Err(refused),
+    };
     // A browser cannot hand the new lease to a collector, and a lease nobody can use would keep
     // every collector out until it expires: the console's takeover ends it at once (audited
     // `lease.takeover` then `lease.released`), and the run is free for the next collector.
@@ -573,13 +579,12 @@ async fn approve(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = routes::ops::approve(
-        State(state),
-        Path(run_id.clone()),
-        visitor.caller,
-        ApiJson(request),
-    )
-    .await;
+    let result = match OperatorCaller::checked(visitor.caller) {
+        Ok(caller) => {
+            routes::ops::approve(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
+        }
+        Err(refused) => Err(refused),
+    };
     done(result, &run_id, "approved")
 }
 
@@ -623,13 +628,12 @@ async fn extend(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = routes::ops::extend(
-        State(state),
-        Path(run_id.clone()),
-        visitor.caller,
-        ApiJson(request),
-    )
-    .await;
+    let result = match OperatorCaller::checked(visitor.caller) {
+        Ok(caller) => {
+            routes::ops::extend(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
+        }
+        Err(refused) => Err(refused),
+    };
     done(result, &run_id, "extended")
 }
 
@@ -656,12 +660,12 @@ async fn resubmit(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = routes::ops::resubmit(
-        State(state),
-        Path(run_id.clone()),
-        visitor.caller,
-        ApiJson(request),
-    )
-    .await;
+    let result = match OperatorCaller::checked(visitor.caller) {
+        Ok(caller) => {
+            routes::ops::resubmit(State(state), Path(run_id.clone()), caller, ApiJson(request))
+                .await
+        }
+        Err(refused) => Err(refused),
+    };
     done(result, &run_id, "resubmitted")
 }
