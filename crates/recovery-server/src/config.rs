@@ -279,7 +279,7 @@ impl Caller {
 /// as its well-formed one is).
 macro_rules! caller_with_role {
     ($name:ident, $role:expr) => {
-        #[doc = concat!("A caller allowed the `", stringify!($role), "` role (see [`caller_with_role`]).")]
+        #[doc = concat!("A caller allowed the `", stringify!($role), "` role, checked before the body is read.")]
         #[derive(Debug, Clone)]
         pub struct $name(pub Caller);
 
