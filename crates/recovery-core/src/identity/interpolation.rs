@@ -269,7 +269,7 @@ impl<'env> Resolver<'env> {
             Expression::Node(reference) => {
                 let target = absolute_path(reference, path).map_err(&error)?;
                 self.follow(root, &target)?
-                    .ok_or_else(|| error(format!("interpolation key '{reference}' not found")))
+                    .ok_or_else(|| error(REFERENCE_NOT_FOUND.to_owned()))
             }
             Expression::Select { key, default } => {
                 let key = self.argument_text(root, key, path)?;
@@ -293,7 +293,7 @@ impl<'env> Resolver<'env> {
                 match self.env.get(&name) {
                     Some(value) => Ok(Value::String(value.clone())),
                     None => match default {
-                        None => Err(error(environment_variable_not_found(&name))),
+                        None => Err(error(environment_variable_not_found())),
                         Some(argument) => match self.argument(root, argument, path)? {
                             // `oc.env` passes its default through `str()`, except None.
                             Resolved::Json(Value::Null) => Ok(Value::Null),
@@ -494,20 +494,17 @@ fn absolute_path(reference: &str, from: &[Segment]) -> Result<Vec<Segment>, Stri
     Ok(path)
 }
 
-/// A missing `oc.env` variable, named when its name is one a shell could hold (anything else
-/// may be any text the value held, and refusals are recorded and logged).
-fn environment_variable_not_found(name: &str) -> String {
-    let shell_name = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if shell_name {
-        format!("environment variable '{name}' not found")
-    } else {
-        "environment variable not found (its name is not shown: it is not a shell variable's name)"
-            .to_owned()
-    }
+/// Refusals name the key whose value holds the interpolation and say what is wrong, never text
+/// of the value itself (a reference, a variable's name, a resolver's name): a value may hold a
+/// credential no redaction pattern recognises, and refusals are recorded and logged.
+const REFERENCE_NOT_FOUND: &str =
+    "an interpolation refers to a key the configuration does not have";
+
+/// A missing `oc.env` variable (see [`REFERENCE_NOT_FOUND`] for why it is not named).
+fn environment_variable_not_found() -> String {
+    "an oc.env interpolation names an environment variable the request's `environment` does \
+     not hold (and has no default)"
+        .to_owned()
 }
 
 /// Why a reference is not a key path. The reference is not quoted: it failed to be a name, so
@@ -631,9 +628,12 @@ fn parse_expression(body: &str) -> Result<Expression, String> {
             let (key, default) = one_or_two("oc.select", args)?;
             Ok(Expression::Select { key, default })
         }
-        other => Err(format!(
-            "unsupported interpolation resolver '{other}' (supported: oc.env, oc.select)"
-        )),
+        // The name is not repeated: it is whatever came before a `:` in the value.
+        _ => Err(
+            "unsupported interpolation resolver (supported: oc.env, oc.select; any other \
+             `name:` at the start of an interpolation is read as a resolver)"
+                .to_owned(),
+        ),
     }
 }
 

@@ -984,7 +984,7 @@ fn interpolation_refusals_name_keys_and_text_as_the_sender_wrote_them() {
 #[test]
 fn interpolation_refusals_never_quote_the_value_they_refuse() {
     const TOKEN: &str = "TKN9QX7";
-    let cases: [(&str, String, &str); 8] = [
+    let cases: [(&str, String, &str); 12] = [
         (
             "an interpolation never closed",
             format!("Bearer {TOKEN} ${{unclosed"),
@@ -1013,7 +1013,27 @@ fn interpolation_refusals_never_quote_the_value_they_refuse() {
         (
             "a variable name no shell has",
             format!("${{oc.env:'{TOKEN} value'}}"),
-            "environment variable not found",
+            "names an environment variable",
+        ),
+        (
+            "a variable the request lacks",
+            format!("${{oc.env:{TOKEN}}}"),
+            "names an environment variable",
+        ),
+        (
+            "a bracket key the configuration lacks",
+            format!("${{a[{TOKEN}]}}"),
+            "refers to a key the configuration does not have",
+        ),
+        (
+            "a relative key the configuration lacks",
+            format!("${{.{TOKEN} }}"),
+            "refers to a key the configuration does not have",
+        ),
+        (
+            "a resolver that is not supported",
+            format!("${{{TOKEN}_x:y}}"),
+            "unsupported interpolation resolver",
         ),
         (
             "a reference climbing past the root",
