@@ -1475,8 +1475,14 @@ fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFact
     let mut deserializer = serde_json::Deserializer::from_str(rows.get());
     deserializer.disable_recursion_limit();
     let rows: Vec<&serde_json::value::RawValue> =
-        serde::Deserialize::deserialize(&mut deserializer)
-            .map_err(|e| OpError::Invalid(format!("rows: must be an array of objects: {e}")))?;
+        serde::Deserialize::deserialize(&mut deserializer).map_err(|e| {
+            // A data error would repeat what `rows` holds instead (`string "..."`).
+            OpError::Invalid(if e.is_data() {
+                "rows: must be an array of objects".to_owned()
+            } else {
+                format!("rows: must be an array of objects: {e}")
+            })
+        })?;
     let mut text = Vec::with_capacity(rows.iter().map(|r| r.get().len() + 1).sum());
     let mut references = RowReferences::default();
     for (i, row) in rows.iter().enumerate() {

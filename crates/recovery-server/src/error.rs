@@ -672,21 +672,24 @@ fn surrogate_hint(error: &serde_json::Error) -> &'static str {
 }
 
 /// serde's message without the text of a string it could not take (`invalid type: string
-/// "Bearer ...", expected a boolean`, `unknown variant `...``): a collector that put a token in
+/// "Bearer ...", expected a boolean`, `unknown variant `...``): a caller that put a token in
 /// the wrong field is told the field and what it takes, never shown the token again.
-fn without_quoted_value(said: String) -> String {
-    let Some((_, expected)) = said.rsplit_once(", expected ") else {
-        return said;
-    };
-    for kind in ["invalid type", "invalid value"] {
-        if said.starts_with(&format!("{kind}: string ")) {
-            return format!("{kind}: a string, expected {expected}");
-        }
-    }
-    if said.starts_with("unknown variant `") {
-        return format!("unknown value, expected {expected}");
-    }
-    said
+pub fn without_quoted_value(said: String) -> String {
+    static QUOTED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        // serde writes a string it could not take with Rust's escapes (`string "a\"b"`), a
+        // variant's name between backticks.
+        regex::Regex::new(r#"string "(?:[^"\\]|\\.)*"|unknown variant `[^`]*`"#)
+            .expect("static regex")
+    });
+    QUOTED
+        .replace_all(&said, |found: &regex::Captures| {
+            if found[0].starts_with("string") {
+                "a string"
+            } else {
+                "unknown value"
+            }
+        })
+        .into_owned()
 }
 
 /// Whether a body field's value may be a secret, so that a refusal must not repeat it: the
@@ -807,7 +810,7 @@ where
                         let value = query_value(parts.uri.query().unwrap_or(""), &field);
                         let said = value
                             .and_then(|value| integer_in_words(reason, &value, &field))
-                            .unwrap_or_else(|| reason.to_owned());
+                            .unwrap_or_else(|| without_quoted_value(reason.to_owned()));
                         ApiError::invalid_field(&field, format!("{field}: {said}"))
                     }
                     Some(field) => ApiError::invalid_field(&field, format!("{field}: {text}")),

@@ -1933,6 +1933,105 @@ async fn an_environment_value_of_the_wrong_type_is_refused_without_repeating_it(
     }
 }
 
+/// Request text that reaches a refusal by other ways than a field's type (rows that are not a
+/// list, server names read from rows or interpolated from the environment, a policy's unknown
+/// kind, query values) is not repeated either: not in the answer, and not in the `invalid`
+/// resume events validate records.
+#[tokio::test]
+async fn refusals_never_repeat_request_text_that_may_be_a_credential() {
+    const TOKEN: &str = "TKN3RP6";
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let validate = format!("/runs/{run_id}/validate");
+    let with = |pointer: &str, value: Value| {
+        let mut body = app.validate_body(0.3, 8000);
+        *body.pointer_mut(pointer).expect("a field of the body") = value;
+        body
+    };
+    let with_rows = |rows: Value| {
+        let mut body = app.validate_body(0.3, 8000);
+        body["rows"] = rows;
+        body
+    };
+    let mut interpolated_name = with(
+        "/global_config/math_agent/responses_api_agents/simple_agent/model_server/name",
+        json!("${oc.env:DEPLOY}"),
+    );
+    interpolated_name["environment"]["DEPLOY"] = json!(format!("Bearer {TOKEN}"));
+    let cases = [
+        (
+            "rows that are not a list",
+            Method::POST,
+            validate.clone(),
+            Some(with_rows(json!(format!("Bearer {TOKEN}")))),
+        ),
+        (
+            "a row's agent name",
+            Method::POST,
+            validate.clone(),
+            Some(with_rows(
+                json!([{"agent_ref": {"name": format!("Bearer {TOKEN}")}, "_ng_task_index": 0, "_ng_rollout_index": 0}]),
+            )),
+        ),
+        (
+            "a row's agent name that is not a string",
+            Method::POST,
+            validate.clone(),
+            Some(with_rows(
+                json!([{"agent_ref": {"name": {"api_key": TOKEN}}, "_ng_task_index": 0, "_ng_rollout_index": 0}]),
+            )),
+        ),
+        (
+            "a server name interpolated from the environment",
+            Method::POST,
+            validate.clone(),
+            Some(interpolated_name),
+        ),
+        (
+            "a policy's unknown kind",
+            Method::POST,
+            "/classify".to_owned(),
+            Some(
+                json!({"rows": [{}], "policy": {"schema_version": 1, "kinds": {"x": format!("Bearer {TOKEN}")}}}),
+            ),
+        ),
+        (
+            "a plan state that is none",
+            Method::GET,
+            format!("/runs/{run_id}/plan?state=Bearer%20{TOKEN}"),
+            None,
+        ),
+        (
+            "a time bound that is none",
+            Method::GET,
+            format!("/drift?from=Bearer%20{TOKEN}"),
+            None,
+        ),
+    ];
+    for (case, method, uri, body) in cases {
+        let reply = app.call(method, &uri, Some(COLLECTOR), body).await;
+        assert!(
+            reply.status.is_client_error(),
+            "{case}: {} {}",
+            reply.status,
+            reply.body
+        );
+        assert!(
+            !reply.body.to_string().contains(TOKEN),
+            "{case}: {}",
+            reply.body
+        );
+    }
+    for file in files_under(app._dir.path()) {
+        let bytes = std::fs::read(&file).expect("file");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(TOKEN),
+            "the token reached {}",
+            file.display()
+        );
+    }
+}
+
 /// A caller without the role a call needs is refused before its body is read: a viewer's
 /// malformed body is 403 (never told what is wrong with a call it may not make, nor its body
 /// parsed), as its well-formed one is.

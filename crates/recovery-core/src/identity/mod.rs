@@ -44,7 +44,7 @@ pub enum IdentityForm {
 pub enum IdentityError {
     #[error("Cannot verify run identity: running configuration is missing servers [{}].", quote_list(.0))]
     MissingServers(Vec<String>),
-    #[error("Cannot verify run identity: running configuration is missing server '{0}'.")]
+    #[error("Cannot verify run identity: running configuration is missing server '{}'.", redaction::redact_string(.0))]
     MissingServer(String),
     #[error(transparent)]
     Interpolation(#[from] InterpolationError),
@@ -66,10 +66,13 @@ impl IdentityError {
     }
 }
 
+/// Server names as the reference's message lists them, each through the redaction its values
+/// get: a name read from a row or interpolated from the environment is request text, and
+/// refusals are recorded.
 fn quote_list(names: &[String]) -> String {
     names
         .iter()
-        .map(|n| format!("'{n}'"))
+        .map(|n| format!("'{}'", redaction::redact_string(n)))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -154,10 +157,12 @@ impl RowReferences {
     }
 }
 
+/// A row's server name as text; a name that is not a string (never a server's) is written
+/// redacted, since it is only ever shown in a refusal.
 fn name_text(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
-        other => other.to_string(),
+        other => redaction::credential_safe(other, false).to_string(),
     }
 }
 

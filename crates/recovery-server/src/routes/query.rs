@@ -206,7 +206,9 @@ fn time_bound(field: &str, text: &str) -> ApiResult<String> {
     let refused = |reason: String| {
         ApiError::invalid_field(
             field,
-            format!("{field}: {text:?} is not an RFC 3339 time: {reason}"),
+            // The text is not repeated: it may be anything (a query string is logged by
+            // proxies, not by this service, but refusals never repeat what was sent).
+            format!("{field}: not an RFC 3339 time: {reason}"),
         )
     };
     match recovery_sidecar::stored_time_bound(text) {
@@ -427,8 +429,10 @@ fn classify_batch(body: &[u8], cancel: &crate::state::Cancel) -> ApiResult<Vec<R
         ));
     }
     let policy = match request.policy {
-        Some(raw) => ClassificationPolicy::from_json(raw.get().as_bytes())
-            .map_err(|e| ApiError::invalid_field("policy", format!("policy: {e}")))?,
+        Some(raw) => ClassificationPolicy::from_json(raw.get().as_bytes()).map_err(|e| {
+            let said = crate::error::without_quoted_value(e.to_string());
+            ApiError::invalid_field("policy", format!("policy: {said}"))
+        })?,
         None => ClassificationPolicy::default(),
     };
     let timeouts = request.retry_terminal_timeouts;
