@@ -9,7 +9,7 @@ mod chart;
 mod pages;
 pub mod session;
 
-use crate::config::OperatorCaller;
+use crate::config::{OperatorCaller, Role};
 use crate::error::{ApiError, ApiJson, ApiQuery};
 use crate::routes;
 use crate::state::AppState;
@@ -80,10 +80,13 @@ fn form<T>(form: Result<Form<T>, FormRejection>) -> Result<T, BadForm> {
 /// A form whose fields carry the session's CSRF token.
 trait SignedFields {
     fn csrf(&self) -> &str;
+    /// The role the form's action needs, checked before the form is read: a visitor who may
+    /// not act is refused (403) whatever the form holds, as the API refuses before a body.
+    const ROLE: Role = Role::Viewer;
 }
 
 /// A state-changing form, accepted only from the visitor's own session and origin: the
-/// visitor (or the sign-in page / 403), then the fields (or a 422 page naming the field), then
+/// visitor (or the sign-in page / 403), its role (403), then the fields (or a 422 page naming the field), then
 /// the CSRF check (403). Every action takes its form through this one extractor.
 struct SignedForm<T>(Visitor, T);
 
@@ -101,6 +104,10 @@ where
         let visitor = Visitor::from_request_parts(&mut parts, state)
             .await
             .map_err(IntoResponse::into_response)?;
+        visitor
+            .caller
+            .require(T::ROLE)
+            .map_err(|refused| pages::api_error_page(&refused, None))?;
         let headers = parts.headers.clone();
         let request = axum::extract::Request::from_parts(parts, body);
         let sent = form(Form::<T>::from_request(request, state).await)
@@ -501,6 +508,8 @@ struct TakeoverForm {
 }
 
 impl SignedFields for TakeoverForm {
+    const ROLE: Role = Role::Operator;
+
     fn csrf(&self) -> &str {
         &self.csrf
     }
@@ -562,6 +571,8 @@ struct ApproveForm {
 }
 
 impl SignedFields for ApproveForm {
+    const ROLE: Role = Role::Operator;
+
     fn csrf(&self) -> &str {
         &self.csrf
     }
@@ -612,6 +623,8 @@ struct ExtendForm {
 }
 
 impl SignedFields for ExtendForm {
+    const ROLE: Role = Role::Operator;
+
     fn csrf(&self) -> &str {
         &self.csrf
     }
@@ -646,6 +659,8 @@ struct ReasonForm {
 }
 
 impl SignedFields for ReasonForm {
+    const ROLE: Role = Role::Operator;
+
     fn csrf(&self) -> &str {
         &self.csrf
     }

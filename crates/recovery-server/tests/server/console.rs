@@ -482,3 +482,39 @@ async fn a_session_ends_when_its_token_leaves_the_configuration() {
     let page = visit_state(removed, Method::GET, "/ui/", Some(&viewer), None, &[]).await;
     assert_eq!(page.status, StatusCode::OK);
 }
+
+/// A viewer's action form is refused for the role before it is read: malformed or empty, the
+/// answer is 403 as for a well-formed one (it was a 422 naming what was wrong).
+#[tokio::test]
+async fn a_viewers_action_form_is_refused_for_its_role_whatever_it_holds() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let viewer = sign_in(&app, VIEWER).await;
+    let run_page = format!("/ui/runs/{run_id}");
+    let page = visit(&app, Method::GET, &run_page, Some(&viewer), None, &[]).await;
+    let csrf = csrf_of(&page.body);
+    for (action, form) in [
+        ("extend", format!("csrf={csrf}&extend_attempts=Bearer%20x")),
+        ("extend", format!("csrf={csrf}")),
+        ("resubmit", format!("csrf={csrf}")),
+        ("approvals", format!("csrf={csrf}&reason=r")),
+        ("takeover", format!("csrf={csrf}&reason=r&confirm=yes")),
+        ("approvals", approval_form(&csrf)),
+    ] {
+        let answer = visit(
+            &app,
+            Method::POST,
+            &format!("{run_page}/{action}"),
+            Some(&viewer),
+            Some(&form),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::FORBIDDEN,
+            "{action} {form}: {}",
+            answer.body
+        );
+    }
+}
