@@ -308,6 +308,9 @@ fn main() -> std::process::ExitCode {
         eprintln!("warning: SQLite refused to stop counting its memory (code {code})");
     }
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Serve(_)) {
+        end_by_sigpipe();
+    }
     // TLS to PostgreSQL checks certificates with the process's crypto provider: named here, so
     // it never depends on which providers the build's crates happen to enable (two make
     // rustls refuse to choose).
@@ -356,6 +359,17 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {}", one_line(&e));
             std::process::ExitCode::from(2)
         }
+    }
+}
+
+/// A command whose reader went away (`validate ... | head`) ends as Unix tools do, by SIGPIPE,
+/// instead of panicking in `println!`. The service keeps Rust's default (ignored): a client
+/// that goes away must never end it.
+#[allow(unsafe_code)]
+fn end_by_sigpipe() {
+    // SAFETY: called before any other thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

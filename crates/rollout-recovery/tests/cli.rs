@@ -1445,6 +1445,31 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
     assert_eq!(summary["rows"], 1);
 }
 
+/// An offline command whose reader is gone (`... | head`) ends quietly by SIGPIPE, as Unix
+/// tools do, never with a panic and its backtrace.
+#[test]
+fn an_offline_command_whose_reader_is_gone_ends_without_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("rows.jsonl");
+    std::fs::write(&file, "{\"a\": 1}\n".repeat(1000)).expect("rows");
+    let (reader, writer) = std::io::pipe().expect("pipe");
+    drop(reader);
+    let output = Command::new(BIN)
+        .arg("classify")
+        .arg(&file)
+        .stdout(writer)
+        .output()
+        .expect("classify");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        output.status.signal(),
+        Some(13),
+        "ended by SIGPIPE: {stderr}"
+    );
+}
+
 #[test]
 fn serve_refuses_settings_it_could_not_honour_before_it_starts() {
     let dir = tempfile::tempdir().expect("dir");
