@@ -27,6 +27,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
 
+/// How many attempts one extension may add to every rollout's cap.
+pub const EXTENSION_RANGE: std::ops::RangeInclusive<i64> = 1..=100;
+
 /// What a resume across operational drift tells its collector (the service's answer and the
 /// offline `validate` say the same).
 pub fn drift_message(operational_keys: &[String]) -> String {
@@ -744,10 +747,12 @@ impl Registry {
         reason: &str,
         extend_attempts: i64,
     ) -> Result<AttemptExtension, OpError> {
-        if !(1..=100).contains(&extend_attempts) {
-            return Err(OpError::Invalid(
-                "extend_attempts: must be between 1 and 100".into(),
-            ));
+        if !EXTENSION_RANGE.contains(&extend_attempts) {
+            return Err(OpError::Invalid(format!(
+                "extend_attempts: out of range: must be between {} and {}",
+                EXTENSION_RANGE.start(),
+                EXTENSION_RANGE.end()
+            )));
         }
         if reason.trim().is_empty() {
             return Err(OpError::Invalid(

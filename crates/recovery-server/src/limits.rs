@@ -32,6 +32,61 @@ pub fn parse_attempt_cap(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is not an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}"))
 }
 
+/// A JSON number that must be an integer, kept whatever its size: one past 64 bits (which
+/// serde_json reads as a float) saturates, so the caller's range check refuses it with the
+/// range as it refuses `0` or `-1`. A fraction or another type is refused here, by its type
+/// (never repeated: a string could be anything).
+fn saturating_integer<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
+    let number = match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => return Ok(None),
+        Some(serde_json::Value::Number(number)) => number,
+        Some(other) => {
+            return Err(D::Error::custom(format!(
+                "got {}: must be an integer",
+                json_kind(&other)
+            )));
+        }
+    };
+    if let Some(n) = number.as_i64() {
+        return Ok(Some(i128::from(n)));
+    }
+    if let Some(n) = number.as_u64() {
+        return Ok(Some(i128::from(n)));
+    }
+    match number.as_f64() {
+        Some(f) if f.fract() == 0.0 => Ok(Some(if f < 0.0 { i128::MIN } else { i128::MAX })),
+        _ => Err(D::Error::custom(format!(
+            "{number} is a float: must be an integer"
+        ))),
+    }
+}
+
+/// `null` or an integer (see [`saturating_integer`]); negative and too large alike become
+/// numbers the caller's range refuses (`0` and `u64::MAX`).
+pub fn opt_saturating_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    Ok(saturating_integer(d)?.map(|n| u64::try_from(n.max(0)).unwrap_or(u64::MAX)))
+}
+
+/// An integer (see [`saturating_integer`]), clamped to `i64`.
+pub fn saturating_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    match saturating_integer(d)? {
+        Some(n) => Ok(i64::try_from(n).unwrap_or(if n < 0 { i64::MIN } else { i64::MAX })),
+        None => Err(D::Error::custom("got null: must be an integer")),
+    }
+}
+
+/// How a JSON value's type is named in a refusal.
+fn json_kind(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "a list",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
 /// An attempt cap: a whole number from 1 to [`MAX_ROLLOUT_ATTEMPTS`]. Any other number is
 /// refused with that range, the value named (`-1` and `10^30` as `0` is, not as a type).
 pub fn opt_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
@@ -40,14 +95,9 @@ pub fn opt_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::E
         Some(serde_json::Value::Number(number)) => number,
         // Named by its type, never repeated (a string could be anything).
         Some(other) => {
-            let kind = match other {
-                serde_json::Value::Bool(_) => "a boolean",
-                serde_json::Value::String(_) => "a string",
-                serde_json::Value::Array(_) => "a list",
-                _ => "an object",
-            };
             return Err(D::Error::custom(format!(
-                "got {kind}: must be an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}"
+                "got {}: must be an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}",
+                json_kind(&other)
             )));
         }
     };

@@ -24,7 +24,7 @@ pub struct AcquireRequest {
     #[schema(minimum = 0)]
     pub pid: i64,
     /// Lease lifetime, renewed by heartbeat (default: the service's).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::opt_saturating_u64")]
     #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     /// Also lock this checkpoint directory (two outputs never share checkpoints).
@@ -61,7 +61,7 @@ fn ttl(state: &AppState, seconds: Option<u64>) -> ApiResult<time::Duration> {
         return Err(ApiError::invalid_field(
             "ttl_seconds",
             format!(
-                "ttl_seconds: must be between 1 and {}",
+                "ttl_seconds: out of range: must be between 1 and {}",
                 state.config.max_lease_ttl.as_secs()
             ),
         ));
@@ -151,7 +151,7 @@ pub struct HeartbeatRequest {
     #[schema(min_length = 1, max_length = 256)]
     pub lease_id: String,
     /// New lifetime from now (default: the lifetime the lease was granted or last renewed with).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::opt_saturating_u64")]
     #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
 }
@@ -293,7 +293,7 @@ pub struct TakeoverRequest {
     pub host: String,
     #[schema(minimum = 0)]
     pub pid: i64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::limits::opt_saturating_u64")]
     #[schema(minimum = 1)]
     pub ttl_seconds: Option<u64>,
     #[serde(deserialize_with = "crate::limits::text")]

@@ -115,6 +115,8 @@ pub async fn revoke_approval(
 #[serde(deny_unknown_fields)]
 pub struct ExtendRequest {
     /// Attempts added to every rollout's cap (1-100).
+    #[serde(deserialize_with = "crate::limits::saturating_i64")]
+    #[schema(minimum = 1, maximum = 100)]
     pub extend_attempts: i64,
     #[serde(deserialize_with = "crate::limits::text")]
     #[schema(max_length = 4096)]

@@ -62,15 +62,32 @@ async fn a_number_of_the_wrong_kind_is_refused_in_words_not_rust_type_names() {
     let cases = [
         (lease(json!({"pid": "1"})), "pid", "expected an integer"),
         (lease(json!({"pid": 1.5})), "pid", "expected an integer"),
+        // A lifetime is refused with its range whatever the number (hostile review, stop 29:
+        // `-1` said "0 or more" and `0` the range); another type by its type.
         (
             lease(json!({"ttl_seconds": -1})),
             "ttl_seconds",
-            "expected an integer of 0 or more",
+            "out of range: must be between 1 and 3600",
+        ),
+        (
+            lease(json!({"ttl_seconds": 0})),
+            "ttl_seconds",
+            "out of range: must be between 1 and 3600",
+        ),
+        (
+            lease(json!({"ttl_seconds": 1e20})),
+            "ttl_seconds",
+            "out of range: must be between 1 and 3600",
         ),
         (
             lease(json!({"ttl_seconds": "60"})),
             "ttl_seconds",
-            "expected an integer of 0 or more",
+            "got a string: must be an integer",
+        ),
+        (
+            lease(json!({"ttl_seconds": 1.5})),
+            "ttl_seconds",
+            "1.5 is a float: must be an integer",
         ),
     ];
     for (body, field, said) in cases {
@@ -2221,4 +2238,54 @@ async fn lease_names_take_no_control_characters_pids_are_not_negative_and_output
     assert!(
         recovery_server::config::TokenEntry::parse("operator:o:has a space 0123456789").is_err()
     );
+}
+
+/// An extension is refused with its range whatever the number, and by its type otherwise
+/// (hostile review, stop 29: `1.5` said "floating point", `1e20` "out of range", `true` showed
+/// itself, where `0` and `101` said the range).
+#[tokio::test]
+async fn an_extension_out_of_its_range_is_refused_with_the_range() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    for (value, said) in [
+        (
+            json!(0),
+            "extend_attempts: out of range: must be between 1 and 100",
+        ),
+        (
+            json!(101),
+            "extend_attempts: out of range: must be between 1 and 100",
+        ),
+        (
+            json!(-5),
+            "extend_attempts: out of range: must be between 1 and 100",
+        ),
+        (
+            json!(1e20),
+            "extend_attempts: out of range: must be between 1 and 100",
+        ),
+        (
+            json!(1.5),
+            "extend_attempts: 1.5 is a float: must be an integer",
+        ),
+        (
+            json!(true),
+            "extend_attempts: got a boolean: must be an integer",
+        ),
+        (
+            json!("Bearer x"),
+            "extend_attempts: got a string: must be an integer",
+        ),
+    ] {
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/attempts/extend"),
+                Some(OPERATOR),
+                Some(json!({"extend_attempts": value, "reason": "more"})),
+            )
+            .await;
+        reply.assert_field_refused("extend_attempts", &value.to_string());
+        assert_eq!(reply.body["message"], said, "{value}");
+    }
 }
