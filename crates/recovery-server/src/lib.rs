@@ -104,6 +104,34 @@ pub fn openapi_value() -> serde_json::Value {
 /// Without tokens the service answers anyone who reaches its loopback address, so it answers
 /// only requests that name a loopback host: a web page whose name was rebound to 127.0.0.1 (DNS
 /// rebinding) sends its own name as `Host` and is refused, never driving the API or the console.
+/// A body declared larger than the service accepts is refused (413) from its headers, before
+/// routing; its sender is authenticated first, so a caller without a valid token is told only
+/// that (401), as for any other call. (Its role is checked by the route, after the 413.) The
+/// console authenticates by its session cookie, on its own routes.
+async fn authenticate_oversized(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let oversized = declared.is_some_and(|n| n > state.config.body_limit_bytes as u64);
+    if oversized && !request.uri().path().starts_with("/ui/") {
+        let authorization = request
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if let Err(refused) = state.config.authenticate(authorization) {
+            use axum::response::IntoResponse as _;
+            return refused.into_response();
+        }
+    }
+    next.run(request).await
+}
+
 /// Likewise a change (any method but GET, HEAD and OPTIONS) sent by a web page of another site
 /// (its `Origin` is not a loopback origin) is refused: a browser sends a plain form post or a
 /// body-less POST such as `/reindex` across sites without asking first.
@@ -262,6 +290,10 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .layer(RequestBodyLimitLayer::new(limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            authenticate_oversized,
+        ))
         .layer(TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
             timeout,

@@ -1687,13 +1687,26 @@ async fn refusals_below_the_handlers_answer_in_the_error_shape_too() {
         .header("authorization", format!("bearer {VIEWER}"))
         .header("content-type", "application/json")
         .header("content-length", big.len().to_string())
-        .body(Body::from(big))
+        .body(Body::from(big.clone()))
         .expect("request");
     let response = recovery_server::app(app.state.clone())
         .oneshot(request)
         .await
         .expect("response");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    // Without a valid token, the sender is told only that, whatever size it declares.
+    let anonymous = Request::builder()
+        .method(Method::POST)
+        .uri("/runs")
+        .header("content-type", "application/json")
+        .header("content-length", big.len().to_string())
+        .body(Body::from(big))
+        .expect("request");
+    let refused = recovery_server::app(app.state.clone())
+        .oneshot(anonymous)
+        .await
+        .expect("response");
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let body: Value = serde_json::from_slice(
         &axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
