@@ -231,6 +231,18 @@ fn rows() -> Value {
     ])
 }
 
+/// Asserts that no file under `dir` (database, its log, sidecars) holds `needle`.
+fn assert_no_file_holds(dir: &Path, needle: &str) {
+    for file in files_under(dir) {
+        let bytes = std::fs::read(&file).expect("file");
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(needle),
+            "{needle} reached {}",
+            file.display()
+        );
+    }
+}
+
 fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).expect("dir").filter_map(Result::ok) {
@@ -498,14 +510,7 @@ async fn no_credential_value_reaches_a_file_a_row_or_a_response() {
         .await;
     assert!(!run.body.to_string().contains("S3CR3T") && !reply.body.to_string().contains("S3CR3T"));
     let data = app._dir.path().to_owned();
-    for file in files_under(&data) {
-        let bytes = std::fs::read(&file).expect("file");
-        assert!(
-            !String::from_utf8_lossy(&bytes).contains("S3CR3T"),
-            "a credential leaked into {}",
-            file.display()
-        );
-    }
+    assert_no_file_holds(&data, "S3CR3T");
     let identity =
         std::fs::read_to_string(recovery_sidecar::SidecarPaths::for_output(&app.output()).identity)
             .expect("identity");
@@ -557,14 +562,7 @@ async fn an_unparsable_value_holding_a_token_is_refused_without_repeating_it() {
         .expect("events");
     let invalid = events.iter().filter(|e| e.outcome == "invalid").count();
     assert_eq!(invalid, 3, "each refusal is recorded: {events:?}");
-    for file in files_under(app._dir.path()) {
-        let bytes = std::fs::read(&file).expect("file");
-        assert!(
-            !String::from_utf8_lossy(&bytes).contains(TOKEN),
-            "the token reached {}",
-            file.display()
-        );
-    }
+    assert_no_file_holds(app._dir.path(), TOKEN);
 }
 
 #[tokio::test]
@@ -2022,14 +2020,7 @@ async fn refusals_never_repeat_request_text_that_may_be_a_credential() {
             reply.body
         );
     }
-    for file in files_under(app._dir.path()) {
-        let bytes = std::fs::read(&file).expect("file");
-        assert!(
-            !String::from_utf8_lossy(&bytes).contains(TOKEN),
-            "the token reached {}",
-            file.display()
-        );
-    }
+    assert_no_file_holds(app._dir.path(), TOKEN);
 }
 
 /// A caller without the role a call needs is refused before its body is read: a viewer's
@@ -2134,14 +2125,7 @@ async fn a_string_in_a_field_of_another_type_is_refused_without_being_repeated()
             reply.body
         );
     }
-    for file in files_under(app._dir.path()) {
-        let bytes = std::fs::read(&file).expect("file");
-        assert!(
-            !String::from_utf8_lossy(&bytes).contains(TOKEN),
-            "the token reached {}",
-            file.display()
-        );
-    }
+    assert_no_file_holds(app._dir.path(), TOKEN);
 }
 
 #[tokio::test]
@@ -2684,12 +2668,5 @@ async fn item_6_a_credential_from_the_environment_is_never_needed_to_resume() {
         )
         .await;
     assert_eq!(reused.body["outcome"], "reuse", "{}", reused.body);
-    for file in files_under(&app.root) {
-        let text = std::fs::read(&file).unwrap_or_default();
-        assert!(
-            !String::from_utf8_lossy(&text).contains("e2b-live-KEY"),
-            "{} holds the secret",
-            file.display()
-        );
-    }
+    assert_no_file_holds(&app.root, "e2b-live-KEY");
 }

@@ -1667,45 +1667,32 @@ async fn a_credential_interpolated_from_the_environment_never_reaches_a_file() {
         .await;
     assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
     assert!(!created.body.to_string().contains(secret));
-    for file in files_under(&app.root) {
-        let bytes = std::fs::read(&file).expect("read");
-        assert!(
-            !String::from_utf8_lossy(&bytes).contains(secret),
-            "{} holds the interpolated secret",
-            file.display()
-        );
-    }
+    assert_no_file_holds(&app.root, secret);
 }
 
 #[tokio::test]
 async fn refusals_below_the_handlers_answer_in_the_error_shape_too() {
     let app = TestApp::with(|config| config.body_limit_bytes = 1024).await;
-    let big = "x".repeat(4096);
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri("/classify")
-        .header("authorization", format!("bearer {VIEWER}"))
-        .header("content-type", "application/json")
-        .header("content-length", big.len().to_string())
-        .body(Body::from(big.clone()))
-        .expect("request");
-    let response = recovery_server::app(app.state.clone())
-        .oneshot(request)
+    // A body declared larger than the 1 KiB limit, sent as `token` (or with none).
+    let oversized = |uri: &str, token: Option<&str>| {
+        let big = "x".repeat(4096);
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header("content-type", "application/json")
+            .header("content-length", big.len().to_string());
+        if let Some(token) = token {
+            request = request.header("authorization", format!("bearer {token}"));
+        }
+        recovery_server::app(app.state.clone())
+            .oneshot(request.body(Body::from(big)).expect("request"))
+    };
+    let response = oversized("/classify", Some(VIEWER))
         .await
         .expect("response");
     assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
     // Without a valid token, the sender is told only that, whatever size it declares.
-    let anonymous = Request::builder()
-        .method(Method::POST)
-        .uri("/runs")
-        .header("content-type", "application/json")
-        .header("content-length", big.len().to_string())
-        .body(Body::from(big))
-        .expect("request");
-    let refused = recovery_server::app(app.state.clone())
-        .oneshot(anonymous)
-        .await
-        .expect("response");
+    let refused = oversized("/runs", None).await.expect("response");
     assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
     let body: Value = serde_json::from_slice(
         &axum::body::to_bytes(response.into_body(), usize::MAX)
