@@ -37,15 +37,8 @@ pub fn parse_attempt_cap(text: &str) -> Result<u64, String> {
 /// range as it refuses `0` or `-1`. A fraction or another type is refused here, by its type
 /// (never repeated: a string could be anything).
 fn saturating_integer<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i128>, D::Error> {
-    let number = match Option::<serde_json::Value>::deserialize(d)? {
-        None | Some(serde_json::Value::Null) => return Ok(None),
-        Some(serde_json::Value::Number(number)) => number,
-        Some(other) => {
-            return Err(D::Error::custom(format!(
-                "got {}: must be an integer",
-                json_kind(&other)
-            )));
-        }
+    let Some(number) = optional_number(d, "an integer")? else {
+        return Ok(None);
     };
     if let Some(n) = number.as_i64() {
         return Ok(Some(i128::from(n)));
@@ -75,6 +68,22 @@ pub fn saturating_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> 
     }
 }
 
+/// `null` (or absent) or a JSON number; any other type is refused by its type as not what the
+/// field `must` be, never repeated (a string could be anything).
+fn optional_number<'de, D: Deserializer<'de>>(
+    d: D,
+    must: &str,
+) -> Result<Option<serde_json::Number>, D::Error> {
+    match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(number)) => Ok(Some(number)),
+        Some(other) => Err(D::Error::custom(format!(
+            "got {}: must be {must}",
+            json_kind(&other)
+        ))),
+    }
+}
+
 /// How a JSON value's type is named in a refusal.
 fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
@@ -90,16 +99,9 @@ fn json_kind(value: &serde_json::Value) -> &'static str {
 /// An attempt cap: a whole number from 1 to [`MAX_ROLLOUT_ATTEMPTS`]. Any other number is
 /// refused with that range, the value named (`-1` and `10^30` as `0` is, not as a type).
 pub fn opt_attempts<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    let number = match Option::<serde_json::Value>::deserialize(d)? {
-        None | Some(serde_json::Value::Null) => return Ok(None),
-        Some(serde_json::Value::Number(number)) => number,
-        // Named by its type, never repeated (a string could be anything).
-        Some(other) => {
-            return Err(D::Error::custom(format!(
-                "got {}: must be an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}",
-                json_kind(&other)
-            )));
-        }
+    let must = format!("an integer between 1 and {MAX_ROLLOUT_ATTEMPTS}");
+    let Some(number) = optional_number(d, &must)? else {
+        return Ok(None);
     };
     if let Some(cap) = number
         .as_u64()

@@ -293,7 +293,7 @@ impl<'env> Resolver<'env> {
                 match self.env.get(&name) {
                     Some(value) => Ok(Value::String(value.clone())),
                     None => match default {
-                        None => Err(error(environment_variable_not_found())),
+                        None => Err(error(VARIABLE_NOT_FOUND.to_owned())),
                         Some(argument) => match self.argument(root, argument, path)? {
                             // `oc.env` passes its default through `str()`, except None.
                             Resolved::Json(Value::Null) => Ok(Value::Null),
@@ -501,11 +501,8 @@ const REFERENCE_NOT_FOUND: &str =
     "an interpolation refers to a key the configuration does not have";
 
 /// A missing `oc.env` variable (see [`REFERENCE_NOT_FOUND`] for why it is not named).
-fn environment_variable_not_found() -> String {
-    "an oc.env interpolation names an environment variable the request's `environment` does \
-     not hold (and has no default)"
-        .to_owned()
-}
+const VARIABLE_NOT_FOUND: &str = "an oc.env interpolation names an environment variable the \
+     request's `environment` does not hold (and has no default)";
 
 /// Why a reference is not a key path. The reference is not quoted: it failed to be a name, so
 /// it may be any text the value held (refusals are recorded and logged).

@@ -533,18 +533,17 @@ async fn takeover(
         Err(bad) => return bad.into_response(),
     };
     let operator = visitor.caller.name.clone();
-    let taken = match OperatorCaller::checked(visitor.caller) {
-        Ok(caller) => {
-            routes::leases::takeover(
-                State(state.clone()),
-                Path(run_id.clone()),
-                caller,
-                ApiJson(request),
-            )
-            .await
-        }
-        Err(refused) => Err(refused),
-    };
+    let taken = async {
+        let caller = OperatorCaller::checked(visitor.caller)?;
+        routes::leases::takeover(
+            State(state.clone()),
+            Path(run_id.clone()),
+            caller,
+            ApiJson(request),
+        )
+        .await
+    }
+    .await;
     // A browser cannot hand the new lease to a collector, and a lease nobody can use would keep
     // every collector out until it expires: the console's takeover ends it at once (audited
     // `lease.takeover` then `lease.released`), and the run is free for the next collector.
@@ -590,12 +589,11 @@ async fn approve(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = match OperatorCaller::checked(visitor.caller) {
-        Ok(caller) => {
-            routes::ops::approve(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
-        }
-        Err(refused) => Err(refused),
-    };
+    let result = async {
+        let caller = OperatorCaller::checked(visitor.caller)?;
+        routes::ops::approve(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
+    }
+    .await;
     done(result, &run_id, "approved")
 }
 
@@ -641,12 +639,11 @@ async fn extend(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = match OperatorCaller::checked(visitor.caller) {
-        Ok(caller) => {
-            routes::ops::extend(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
-        }
-        Err(refused) => Err(refused),
-    };
+    let result = async {
+        let caller = OperatorCaller::checked(visitor.caller)?;
+        routes::ops::extend(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
+    }
+    .await;
     done(result, &run_id, "extended")
 }
 
@@ -675,12 +672,10 @@ async fn resubmit(
         Ok(request) => request,
         Err(bad) => return bad.into_response(),
     };
-    let result = match OperatorCaller::checked(visitor.caller) {
-        Ok(caller) => {
-            routes::ops::resubmit(State(state), Path(run_id.clone()), caller, ApiJson(request))
-                .await
-        }
-        Err(refused) => Err(refused),
-    };
+    let result = async {
+        let caller = OperatorCaller::checked(visitor.caller)?;
+        routes::ops::resubmit(State(state), Path(run_id.clone()), caller, ApiJson(request)).await
+    }
+    .await;
     done(result, &run_id, "resubmitted")
 }
