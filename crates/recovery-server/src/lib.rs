@@ -101,9 +101,6 @@ pub fn openapi_value() -> serde_json::Value {
     doc
 }
 
-/// Without tokens the service answers anyone who reaches its loopback address, so it answers
-/// only requests that name a loopback host: a web page whose name was rebound to 127.0.0.1 (DNS
-/// rebinding) sends its own name as `Host` and is refused, never driving the API or the console.
 /// A body declared larger than the service accepts is refused (413) from its headers, before
 /// routing; its sender is authenticated first, so a caller without a valid token is told only
 /// that (401), as for any other call. (Its role is checked by the route, after the 413.) The
@@ -132,6 +129,9 @@ async fn authenticate_oversized(
     next.run(request).await
 }
 
+/// Without tokens the service answers anyone who reaches its loopback address, so it answers
+/// only requests that name a loopback host: a web page whose name was rebound to 127.0.0.1 (DNS
+/// rebinding) sends its own name as `Host` and is refused, never driving the API or the console.
 /// Likewise a change (any method but GET, HEAD and OPTIONS) sent by a web page of another site
 /// (its `Origin` is not a loopback origin) is refused: a browser sends a plain form post or a
 /// body-less POST such as `/reindex` across sites without asking first.
