@@ -337,6 +337,20 @@ impl Registry {
         current_config_digest: &str,
         operational_keys: &[String],
     ) -> Result<DriftEvent, RegistryError> {
+        self.record_drift_with(run, manifest, current_config_digest, operational_keys, None)
+            .await
+    }
+
+    /// [`record_drift`](Self::record_drift), committing `resume` (the validation's resume event)
+    /// in the drift row's transaction: one commit per resume across drift, not two.
+    pub async fn record_drift_with(
+        &self,
+        run: &impl RunSection,
+        manifest: &RunManifest,
+        current_config_digest: &str,
+        operational_keys: &[String],
+        resume: Option<recovery_store::ResumeEvent>,
+    ) -> Result<DriftEvent, RegistryError> {
         let mut keys = operational_keys.to_vec();
         keys.sort();
         let line = DriftLine {
@@ -356,9 +370,10 @@ impl Registry {
             )
             .await?;
         let event = drift_event(id, line);
-        self.store
-            .insert_grouped(vec![recovery_store::GroupedRow::Drift(event.clone())])
-            .await?;
+        let rows = std::iter::once(recovery_store::GroupedRow::Drift(event.clone()))
+            .chain(resume.map(recovery_store::GroupedRow::Resume))
+            .collect();
+        self.store.insert_grouped(rows).await?;
         Ok(event)
     }
 

@@ -11,7 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use recovery_core::verdict::Mismatch;
 use recovery_runs::OpError;
-use recovery_runs::operations::{NewRun, ResumeDigest, ResumeRequest};
+use recovery_runs::operations::{NewRun, ResumeRecord, ResumeRequest};
 use recovery_runs::runfiles;
 use recovery_sidecar::SidecarPaths;
 use recovery_store::{Cursor, ResumeEvent, RunRecord};
@@ -275,7 +275,7 @@ pub async fn validate(
             .await?
     };
     let (run, paths) = state.run(&run_id).await?;
-    let mut event = ResumeEvent {
+    let event = ResumeEvent {
         event_id: recovery_sidecar::new_id(),
         run_id: Some(run.run_id.clone()),
         output_path: run.output_path.clone(),
@@ -294,17 +294,27 @@ pub async fn validate(
     state
         .detached(async move {
             let state = work;
-            let result = validate_inner(&state, &paths, request, &mut event).await;
-            if let Err(error) = &result {
-                event.outcome = error.code.resume_outcome().into();
-                event.message = error.message.clone();
+            let mut record = ResumeRecord {
+                config_digest: None,
+                event: Some(event),
+            };
+            let result = validate_inner(&state, &paths, request, &mut record).await;
+            let outcome = match &result {
+                Ok(answer) => answer.outcome.clone(),
+                Err(error) => error.code.resume_outcome().into(),
+            };
+            // A resume across drift committed its event with the drift row.
+            if let Some(mut event) = record.event {
+                if let Err(error) = &result {
+                    event.outcome = outcome.clone();
+                    event.message = error.message.clone();
+                }
+                state
+                    .registry
+                    .store()
+                    .insert_grouped(vec![recovery_store::GroupedRow::Resume(event)])
+                    .await?;
             }
-            let outcome = event.outcome.clone();
-            state
-                .registry
-                .store()
-                .insert_grouped(vec![recovery_store::GroupedRow::Resume(event)])
-                .await?;
             metrics::counter!("rollout_recovery_validations_total", "outcome" => outcome)
                 .increment(1);
             result
@@ -317,9 +327,13 @@ async fn validate_inner(
     state: &AppState,
     paths: &SidecarPaths,
     request: ValidateRequest,
-    event: &mut ResumeEvent,
+    record: &mut ResumeRecord,
 ) -> ApiResult<ValidateResponse> {
-    let run_id = event.run_id.clone().unwrap_or_default();
+    let run_id = record
+        .event
+        .as_ref()
+        .and_then(|event| event.run_id.clone())
+        .unwrap_or_default();
     let lease_id = request.lease_id;
     // What the body alone refuses is answered before the lease is looked at: a caller
     // without the lease learns what to fix, not only that the run is held.
@@ -349,33 +363,31 @@ async fn validate_inner(
     };
     // The verdict is read and acted on inside the run's section: a manifest rewrite or a journal
     // line never races another writer, and is refused while another process owns the run.
-    let mut digest = ResumeDigest::default();
     let result = state
         .registry
-        .validate(
-            paths,
-            &run_id,
-            resume,
-            &state.config.drift_policy,
-            &mut digest,
-        )
+        .validate(paths, &run_id, resume, &state.config.drift_policy, record)
         .await;
-    event.current_config_digest = digest.0.clone();
+    let config_digest = record.config_digest.clone();
+    note(record, |event| {
+        event.current_config_digest = config_digest.clone()
+    });
     match result {
         Ok(resumed) => {
-            event.outcome = resumed.outcome.into();
-            event.operational_keys = resumed.operational_keys.clone();
-            event.reasons = resumed.reasons;
-            if matches!(resumed.outcome, "overridden" | "import_legacy") {
-                event.message = resumed.message.clone().unwrap_or_default();
-            }
+            note(record, |event| {
+                event.outcome = resumed.outcome.into();
+                event.reasons = resumed.reasons;
+                event.operational_keys = resumed.operational_keys.clone();
+                if matches!(resumed.outcome, "overridden" | "import_legacy") {
+                    event.message = resumed.message.clone().unwrap_or_default();
+                }
+            });
             Ok(ValidateResponse {
                 outcome: resumed.outcome.into(),
                 run_id,
                 message: resumed.message,
                 operational_keys: resumed.operational_keys,
                 drift_event_id: resumed.drift_event_id,
-                config_digest: digest.0.unwrap_or_default(),
+                config_digest: config_digest.unwrap_or_default(),
                 manifest: resumed.manifest,
             })
         }
@@ -383,23 +395,33 @@ async fn validate_inner(
             message,
             mismatches,
         }) => {
-            event.reasons = mismatches.iter().map(|m| m.code().to_owned()).collect();
-            event.semantic_keys = mismatches
-                .iter()
-                .filter_map(|m| match m {
-                    Mismatch::SemanticConfiguration(keys) => {
-                        Some(keys.iter().map(|k| k.key.clone()))
-                    }
-                    _ => None,
-                })
-                .flatten()
-                .collect();
+            note(record, |event| {
+                event.reasons = mismatches.iter().map(|m| m.code().to_owned()).collect();
+                event.semantic_keys = mismatches
+                    .iter()
+                    .filter_map(|m| match m {
+                        Mismatch::SemanticConfiguration(keys) => {
+                            Some(keys.iter().map(|k| k.key.clone()))
+                        }
+                        _ => None,
+                    })
+                    .flatten()
+                    .collect();
+            });
             Err(ApiError::new(ErrorCode::ResumeRefused, message)
                 .with_details(mismatch_details(&mismatches)))
         }
         Err(other) => Err(state
             .under_lease(other.into(), &run_id, lease_id.as_deref())
             .await),
+    }
+}
+
+/// Completes the validation's resume event, unless it was already committed (a resume across
+/// drift commits its event with the drift row).
+fn note(record: &mut ResumeRecord, fill: impl FnOnce(&mut ResumeEvent)) {
+    if let Some(event) = record.event.as_mut() {
+        fill(event);
     }
 }
 

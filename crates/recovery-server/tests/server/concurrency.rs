@@ -786,6 +786,41 @@ async fn sixty_four_concurrent_drift_validations_leave_one_journal_line_and_one_
         "every answered event has its journal line"
     );
     assert_eq!(stored, answered, "and its row");
+    // Each validation's resume event is committed with its drift row: once, complete.
+    let drift_digests: BTreeSet<String> = rows.body["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| {
+            e["current_config_digest"]
+                .as_str()
+                .expect("digest")
+                .to_owned()
+        })
+        .collect();
+    let resumes = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 1000)
+        .await
+        .expect("resume events");
+    assert_eq!(resumes.len(), 64, "one resume event per validation");
+    let mut resumed_digests = BTreeSet::new();
+    for event in &resumes {
+        assert_eq!(event.outcome, "resume_with_drift", "{event:?}");
+        assert_eq!(
+            event.operational_keys,
+            ["servers.math_agent.responses_api_agents.simple_agent.sandbox.sandbox_port"],
+            "{event:?}"
+        );
+        assert_eq!(event.client.as_deref(), Some("collector-1"), "{event:?}");
+        resumed_digests.insert(event.current_config_digest.clone().expect("digest"));
+    }
+    assert_eq!(
+        resumed_digests, drift_digests,
+        "each resume event names its drift row's current digest"
+    );
 }
 
 /// A dashboard following `/drift` in recorded order while 48 resumes across drift are being
