@@ -1370,9 +1370,6 @@ fn decide_resume_cached(
     request: &ResumeRequest,
     policy: &DriftPolicy,
 ) -> Option<Result<Decided, OpError>> {
-    if let Err(e) = runfiles::check_run_files(paths) {
-        return Some(Err(e.into()));
-    }
     Some(
         current_run_cached(caches, paths, request)?
             .map(|(saved, current)| decided(saved, current, request, policy)),
@@ -1384,10 +1381,10 @@ const INLINE_MANIFEST_BYTES: u64 = 64 * 1024;
 
 /// [`current_run`] when everything it derives is cached (the source's digest, the saved rows'
 /// facts and identity, the request's current identity), no rows are sent, the manifest is
-/// small and the current form alone decides: a few `stat`s and one small read. `None` when
-/// something would have to be derived. (Computing a small identity here instead of on a
-/// blocking thread was measured slower under the drift load: 4,500-5,400 against 5,200-5,900
-/// events/s.)
+/// small and the current form alone decides: a few `stat`s, the load-time checks of the run's
+/// files and one small read. `None` when something would have to be derived, found by `stat`s
+/// alone. (Computing a small identity here instead of on a blocking thread was measured slower
+/// under the drift load: 4,500-5,400 against 5,200-5,900 events/s.)
 fn current_run_cached(
     caches: &RunCaches,
     paths: &SidecarPaths,
@@ -1404,6 +1401,10 @@ fn current_run_cached(
     let identity = caches
         .current_identities
         .peek(&identity_key(request, &materialized.digest))?;
+    // Only `stat`s so far (a miss costs no more); the load-time checks come before any read.
+    if let Err(e) = runfiles::check_run_files(paths) {
+        return Some(Err(e.into()));
+    }
     let (saved, _) = saved_run(caches, paths);
     current_form_suffices(&identity, &saved).then(|| {
         Ok((
