@@ -212,8 +212,8 @@ pub struct ResumeRecord {
     /// The current configuration digest the validation computed (also on refusal).
     pub config_digest: Option<String>,
     /// The validation's resume event, still to be committed. A resume across drift completes
-    /// it and commits it in the drift row's transaction (one commit, not two), leaving `None`;
-    /// otherwise the caller completes and commits it.
+    /// it and commits it in the drift row's transaction (one commit, not two), once its journal
+    /// line is durable, leaving `None`; otherwise the caller completes and commits it.
     pub event: Option<recovery_store::ResumeEvent>,
 }
 
@@ -1092,16 +1092,7 @@ impl Registry {
                 manifest,
                 operational_keys,
             } => {
-                let resume = record
-                    .event
-                    .take()
-                    .map(|event| recovery_store::ResumeEvent {
-                        outcome: "resume_with_drift".into(),
-                        operational_keys: operational_keys.clone(),
-                        current_config_digest: Some(config_digest.clone()),
-                        ..event
-                    });
-                let (digest, keys) = (&config_digest, &operational_keys);
+                let (digest, keys, resume) = (&config_digest, &operational_keys, &mut record.event);
                 let drift = match section {
                     Section::Shared(run) => {
                         self.record_drift_with(run, &manifest, digest, keys, resume)

@@ -337,19 +337,27 @@ impl Registry {
         current_config_digest: &str,
         operational_keys: &[String],
     ) -> Result<DriftEvent, RegistryError> {
-        self.record_drift_with(run, manifest, current_config_digest, operational_keys, None)
-            .await
+        self.record_drift_with(
+            run,
+            manifest,
+            current_config_digest,
+            operational_keys,
+            &mut None,
+        )
+        .await
     }
 
-    /// [`record_drift`](Self::record_drift), committing `resume` (the validation's resume event)
-    /// in the drift row's transaction: one commit per resume across drift, not two.
+    /// [`record_drift`](Self::record_drift), committing `resume` (the validation's resume event,
+    /// completed as a resume across drift) in the drift row's transaction: one commit per
+    /// resume, not two. It is taken only once the journal line is durable: a validation whose
+    /// line could not be written keeps its event, for the caller to record the failure.
     pub async fn record_drift_with(
         &self,
         run: &impl RunSection,
         manifest: &RunManifest,
         current_config_digest: &str,
         operational_keys: &[String],
-        resume: Option<recovery_store::ResumeEvent>,
+        resume: &mut Option<recovery_store::ResumeEvent>,
     ) -> Result<DriftEvent, RegistryError> {
         let mut keys = operational_keys.to_vec();
         keys.sort();
@@ -370,6 +378,12 @@ impl Registry {
             )
             .await?;
         let event = drift_event(id, line);
+        let resume = resume.take().map(|resume| recovery_store::ResumeEvent {
+            outcome: "resume_with_drift".into(),
+            operational_keys: operational_keys.to_vec(),
+            current_config_digest: Some(current_config_digest.to_owned()),
+            ..resume
+        });
         let rows = std::iter::once(recovery_store::GroupedRow::Drift(event.clone()))
             .chain(resume.map(recovery_store::GroupedRow::Resume))
             .collect();

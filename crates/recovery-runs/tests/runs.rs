@@ -1309,3 +1309,85 @@ async fn blocking_work_runs_at_a_lower_priority_than_the_async_workers() {
         "the other worker kept its priority"
     );
 }
+
+/// A validation's resume event rides in the drift row's transaction, completed as a resume
+/// across drift, and only once the journal line is durable: when the line cannot be written
+/// the event stays with the caller, who records the failure (nothing is half-kept).
+#[tokio::test]
+async fn a_resume_event_is_committed_with_its_drift_row_only_once_the_line_is_durable() {
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let paths = registry
+        .paths_for(&root.path().join("c/out.jsonl"))
+        .expect("paths");
+    let run = registry.lock(&paths).await.expect("lock");
+    let manifest = RunManifest::create("ef".repeat(16), "s", "m", "c", Some(3));
+    registry
+        .write_manifest(&run, &manifest, None)
+        .await
+        .expect("write");
+    let pending = |id: &str| recovery_store::ResumeEvent {
+        event_id: id.to_owned(),
+        run_id: Some(manifest.run_id.clone()),
+        output_path: paths.output.display().to_string(),
+        at: "2026-01-01T00:00:00.000000Z".into(),
+        outcome: String::new(),
+        message: String::new(),
+        reasons: vec![],
+        semantic_keys: vec![],
+        operational_keys: vec![],
+        saved_config_digest: Some(manifest.config_digest.clone()),
+        current_config_digest: None,
+        client: Some("collector-1".into()),
+    };
+    let keys = ["a.port".to_owned()];
+
+    // A directory where the journal belongs: the append fails, the event is not taken.
+    std::fs::create_dir(&paths.resume_drift).expect("plant a directory");
+    let mut event = Some(pending("e1"));
+    let failed = registry
+        .record_drift_with(&run, &manifest, "d1", &keys, &mut event)
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(
+        event,
+        Some(pending("e1")),
+        "kept, untouched, for the caller"
+    );
+    assert!(
+        store
+            .list_resume_events(&manifest.run_id, 10)
+            .await
+            .expect("events")
+            .is_empty()
+    );
+
+    std::fs::remove_dir(&paths.resume_drift).expect("remove the directory");
+    let drift = registry
+        .record_drift_with(&run, &manifest, "d2", &keys, &mut event)
+        .await
+        .expect("recorded");
+    assert_eq!(event, None, "taken and committed");
+    let recorded = store
+        .list_resume_events(&manifest.run_id, 10)
+        .await
+        .expect("events");
+    assert_eq!(
+        recorded,
+        [recovery_store::ResumeEvent {
+            outcome: "resume_with_drift".into(),
+            operational_keys: keys.to_vec(),
+            current_config_digest: Some("d2".into()),
+            ..pending("e1")
+        }]
+    );
+    let stored = store
+        .query_drift(&DriftFilter {
+            run_id: Some(manifest.run_id.clone()),
+            ..Default::default()
+        })
+        .await
+        .expect("drift rows");
+    assert_eq!(stored.len(), 1, "{stored:?}");
+    assert_eq!(stored[0].event_id, drift.event_id);
+}
