@@ -74,6 +74,19 @@ impl Mismatch {
         }
     }
 
+    /// The semantic keys among `mismatches` (a refusal's, or what an override accepted), in
+    /// order.
+    pub fn semantic_keys(mismatches: &[Mismatch]) -> Vec<String> {
+        mismatches
+            .iter()
+            .filter_map(|m| match m {
+                Self::SemanticConfiguration(keys) => Some(keys.iter().map(|k| k.key.clone())),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
     /// The phrase the Python module uses after "incompatible".
     pub fn description(&self) -> String {
         match self {

@@ -203,6 +203,8 @@ pub struct Resumed {
     pub drift_event_id: Option<String>,
     /// Mismatch codes an override accepted.
     pub reasons: Vec<String>,
+    /// Semantic keys an override accepted.
+    pub semantic_keys: Vec<String>,
     pub manifest: Option<Value>,
 }
 
@@ -1082,6 +1084,7 @@ impl Registry {
             operational_keys: vec![],
             drift_event_id: None,
             reasons: vec![],
+            semantic_keys: vec![],
             manifest,
         };
         match verdict {
@@ -1138,6 +1141,7 @@ impl Registry {
                 Ok(Some(Resumed {
                     message: Some(message),
                     reasons: mismatches.iter().map(|m| m.code().to_owned()).collect(),
+                    semantic_keys: Mismatch::semantic_keys(&mismatches),
                     ..resumed("overridden", Some(manifest.to_value()))
                 }))
             }

@@ -693,6 +693,21 @@ async fn validate_reuses_journals_operational_drift_and_refuses_semantic_drift()
         ],
         "every outcome is recorded"
     );
+    let temperature = ["collection.responses_create_params.temperature"];
+    let keys: Vec<(&str, &[String])> = events
+        .iter()
+        .rev()
+        .map(|e| (e.outcome.as_str(), e.semantic_keys.as_slice()))
+        .filter(|(_, keys)| !keys.is_empty())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            ("refused", &temperature.map(String::from)[..]),
+            ("overridden", &temperature.map(String::from)[..])
+        ],
+        "the semantic keys a refusal named and an override accepted are recorded"
+    );
     std::fs::write(
         recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest,
         b"{\"schema_version\": 99}",

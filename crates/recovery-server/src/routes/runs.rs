@@ -376,6 +376,7 @@ async fn validate_inner(
             note(record, |event| {
                 event.outcome = resumed.outcome.into();
                 event.reasons = resumed.reasons;
+                event.semantic_keys = resumed.semantic_keys;
                 event.operational_keys = resumed.operational_keys.clone();
                 if matches!(resumed.outcome, "overridden" | "import_legacy") {
                     event.message = resumed.message.clone().unwrap_or_default();
@@ -397,16 +398,7 @@ async fn validate_inner(
         }) => {
             note(record, |event| {
                 event.reasons = mismatches.iter().map(|m| m.code().to_owned()).collect();
-                event.semantic_keys = mismatches
-                    .iter()
-                    .filter_map(|m| match m {
-                        Mismatch::SemanticConfiguration(keys) => {
-                            Some(keys.iter().map(|k| k.key.clone()))
-                        }
-                        _ => None,
-                    })
-                    .flatten()
-                    .collect();
+                event.semantic_keys = Mismatch::semantic_keys(&mismatches);
             });
             Err(ApiError::new(ErrorCode::ResumeRefused, message)
                 .with_details(mismatch_details(&mismatches)))

@@ -453,7 +453,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                             tr {
                                 td { (when(&e.at, now)) }
                                 td { (e.outcome) }
-                                td.mono { (e.operational_keys.join(", ")) @if !e.semantic_keys.is_empty() { " refused: " (e.semantic_keys.join(", ")) } }
+                                td.mono { (e.operational_keys.join(", ")) @if !e.semantic_keys.is_empty() { " " (if e.outcome == "overridden" { "overridden" } else { "refused" }) ": " (e.semantic_keys.join(", ")) } }
                                 td { (e.client.as_deref().unwrap_or("")) }
                             }
                         }
