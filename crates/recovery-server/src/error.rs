@@ -625,7 +625,10 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
             // A missing or unknown field is named only by serde's message.
             let said = without_position(&inner);
             match named_field(&said) {
-                Some(field) => ApiError::invalid_field(&field, format!("{field}: {said}")),
+                Some(field) => {
+                    let hint = alias_hint(&said);
+                    ApiError::invalid_field(&field, format!("{field}: {said}{hint}"))
+                }
                 None => ApiError::invalid(format!("body: {said}")),
             }
         } else if may_hold_a_credential(&path) {
@@ -659,6 +662,15 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// Why a field sent once can be "duplicate": it was also sent under its other name.
+fn alias_hint(said: &str) -> &'static str {
+    if said == "duplicate field `allow_unsafe`" {
+        " (`allow_unsafe_resume` is another name for `allow_unsafe`: send one of the two)"
+    } else {
+        ""
+    }
 }
 
 /// What serde_json's words for a `\uD800`-`\uDFFF` escape without its other half mean.

@@ -111,6 +111,31 @@ async fn a_number_of_the_wrong_kind_is_refused_in_words_not_rust_type_names() {
     }
 }
 
+/// `allow_unsafe_resume` is the Python module's name for `allow_unsafe`: a body with both is
+/// told they are one field (serde said only "duplicate field", of a field sent once).
+#[tokio::test]
+async fn both_names_of_allow_unsafe_are_refused_as_one_field_given_twice() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let mut body = app.validate_body(0.3, 8000);
+    body["allow_unsafe"] = json!(true);
+    body["allow_unsafe_resume"] = json!(false);
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(body.clone()),
+        )
+        .await;
+    reply.assert_field_refused("allow_unsafe", &body.to_string());
+    assert_eq!(
+        reply.body["message"],
+        "allow_unsafe: duplicate field `allow_unsafe` (`allow_unsafe_resume` is another name for \
+         `allow_unsafe`: send one of the two)"
+    );
+}
+
 #[tokio::test]
 async fn an_invalid_field_is_named_in_details() {
     let app = TestApp::new().await;
