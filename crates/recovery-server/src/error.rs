@@ -73,15 +73,18 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// The outcome a validate refused with this code is recorded as (and the offline
-    /// `validate` prints): a refusal of the resume itself, or `invalid` for a request that
-    /// could not be decided at all.
+    /// `validate` prints): a refusal of the resume itself, the run held or superseded, `error`
+    /// when the service failed, or `invalid` for a request that could not be decided at all.
     pub fn resume_outcome(self) -> &'static str {
         match self {
             Self::ResumeRefused => "refused",
             Self::NoManifest => "no_manifest",
             Self::ManifestUnreadable => "unreadable",
             Self::RunLocked => "locked",
+            Self::LeaseNotHeld => "lease_not_held",
             Self::RunSuperseded => "superseded",
+            // The service failed or was saturated: nothing was wrong with the request.
+            Self::Internal | Self::Overloaded | Self::RequestTimeout => "error",
             _ => "invalid",
         }
     }

@@ -1088,6 +1088,34 @@ async fn leases_guard_a_run_and_operators_take_it_over() {
         (stale.status, stale.body["code"].as_str()),
         (StatusCode::CONFLICT, Some("lease_not_held"))
     );
+    let mut stale_validate = app.validate_body(0.3, 8000);
+    stale_validate["lease_id"] = json!(lease_id);
+    let refused = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(stale_validate),
+        )
+        .await;
+    assert_eq!(refused.body["code"], "lease_not_held", "{}", refused.body);
+    // Recorded as what they were, not as invalid requests (hostile review 27, finding 4).
+    let outcomes: std::collections::BTreeSet<String> = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 100)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.outcome)
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["lease_not_held", "locked", "reuse"]
+            .map(String::from)
+            .into()
+    );
     let audit = app
         .state
         .registry

@@ -29,7 +29,8 @@ pub struct ResumeEvent {
     pub output_path: String,
     pub at: String,
     /// `reuse`, `resume_with_drift`, `refused`, `no_manifest`, `unreadable`, `overridden`,
-    /// `import_legacy`, `locked`, `invalid`.
+    /// `import_legacy`, `locked`, `lease_not_held`, `superseded`, `invalid` (the request could
+    /// not be acted on), `error` (the service failed).
     pub outcome: String,
     pub message: String,
     /// Mismatch codes.
