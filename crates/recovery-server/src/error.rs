@@ -629,7 +629,7 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
             let said = without_position(&inner);
             match named_field(&said) {
                 Some(field) => {
-                    let hint = alias_hint(&said);
+                    let hint = alias_hint(&said, body);
                     ApiError::invalid_field(&field, format!("{field}: {said}{hint}"))
                 }
                 None => ApiError::invalid(format!("body: {said}")),
@@ -667,9 +667,15 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
     Ok(value)
 }
 
-/// Why a field sent once can be "duplicate": it was also sent under its other name.
-fn alias_hint(said: &str) -> &'static str {
-    if said == "duplicate field `allow_unsafe`" {
+/// Why a field sent once can be "duplicate": it was also sent under its other name. serde
+/// names both spellings `allow_unsafe`, so the body tells whether both were sent (a name sent
+/// twice gets serde's words alone).
+fn alias_hint(said: &str, body: &[u8]) -> &'static str {
+    let holds = |name: &[u8]| body.windows(name.len()).any(|w| w == name);
+    if said == "duplicate field `allow_unsafe`"
+        && holds(b"\"allow_unsafe\"")
+        && holds(b"\"allow_unsafe_resume\"")
+    {
         " (`allow_unsafe_resume` is another name for `allow_unsafe`: send one of the two)"
     } else {
         ""

@@ -134,6 +134,26 @@ async fn both_names_of_allow_unsafe_are_refused_as_one_field_given_twice() {
         "allow_unsafe: duplicate field `allow_unsafe` (`allow_unsafe_resume` is another name for \
          `allow_unsafe`: send one of the two)"
     );
+    // One name sent twice is a plain duplicate (both reviews of stop 30 saw the hint there).
+    for name in ["allow_unsafe", "allow_unsafe_resume"] {
+        let text = app.validate_body(0.3, 8000).to_string().replacen(
+            '{',
+            &format!("{{\"{name}\": true, \"{name}\": false, "),
+            1,
+        );
+        let reply = app
+            .call_raw(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(text.clone()),
+            )
+            .await;
+        assert_eq!(
+            reply.body["message"], "allow_unsafe: duplicate field `allow_unsafe`",
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]
