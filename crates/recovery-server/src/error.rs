@@ -615,6 +615,12 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         if let Some(malformed) = (!syntax).then(|| not_json(body)).flatten() {
             return ApiError::invalid(format!("body: malformed JSON: {malformed}"));
         }
+        if let Some(unnamed) = (!syntax)
+            .then(|| unknown_key_unrepeated(&without_position(&inner)))
+            .flatten()
+        {
+            return ApiError::invalid(format!("body: {unnamed}"));
+        }
         // serde_path_to_error writes `?` for a place it cannot name (a key not yet read).
         if syntax && (path == "." || path.contains('?')) {
             ApiError::invalid(format!("body: malformed JSON: {inner}"))
@@ -665,6 +671,46 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// serde's "unknown field `key`, expected ..." without the key, when the key does not read as a
+/// field name: a key no field has may be what a caller pasted in the wrong place (a token), and
+/// is not repeated (hostile review 29). `None` for every other message.
+fn unknown_key_unrepeated(said: &str) -> Option<String> {
+    let rest = said.strip_prefix("unknown field `")?;
+    // The key ends where serde's words resume (it may hold a backtick itself).
+    let end = rest
+        .find("`, expected ")
+        .or_else(|| rest.find("`, there are no fields"))?;
+    (!reads_as_field_name(&rest[..end])).then(|| {
+        format!(
+            "unknown field (its name is not repeated){}",
+            &rest[end + 1..]
+        )
+    })
+}
+
+/// [`unknown_key_unrepeated`] for a query string, whose refusal names the parameter first
+/// (`<key>: unknown field `<key>`, expected ...`).
+fn unknown_parameter_unrepeated(text: &str) -> Option<String> {
+    text.match_indices(": unknown field `").find_map(|(at, _)| {
+        let said = &text[at + 2..];
+        let key = &text[..at];
+        said.strip_prefix("unknown field `")
+            .is_some_and(|rest| rest.starts_with(&format!("{key}`")))
+            .then(|| unknown_key_unrepeated(said))
+            .flatten()
+    })
+}
+
+/// Whether an unknown key reads as a misspelt field name (`output_pth`), which is worth naming
+/// back, rather than arbitrary text: at most 64 letters, digits, `_`, `-` or `.`.
+fn reads_as_field_name(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 64
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
 }
 
 /// Why a field sent once can be "duplicate": it was also sent under its other name. serde
@@ -811,6 +857,9 @@ where
             .map_err(|e| {
                 let text = e.body_text();
                 let text = text.trim_start_matches("Failed to deserialize query string: ");
+                if let Some(unnamed) = unknown_parameter_unrepeated(text) {
+                    return ApiError::invalid(format!("query: {unnamed}"));
+                }
                 // The framework names the parameter first (`limit: invalid digit ...`).
                 let field = text
                     .split_once(": ")

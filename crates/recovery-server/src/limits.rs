@@ -186,8 +186,15 @@ pub fn is_invisible_format(c: char) -> bool {
     )
 }
 
+/// An optional id: absent is `None`; present, it is bounded and non-empty like [`id`] (an
+/// empty `lease_id` or `run_id` names nothing, and is refused naming the field rather than
+/// looked up and not found).
 pub fn opt_id<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    bounded_opt(d, ID)
+    let value = bounded_opt(d, ID)?;
+    if value.as_deref() == Some("") {
+        return Err(D::Error::custom("must not be empty"));
+    }
+    Ok(value)
 }
 
 pub fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {

@@ -17,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 pub struct AuditParams {
     /// Only entries about this run.
     #[serde(default, deserialize_with = "crate::limits::opt_id")]
-    #[param(max_length = 256)]
+    #[param(min_length = 1, max_length = 256)]
     pub run_id: Option<String>,
     /// Only entries by this actor (a token's name, `local` or `system`).
     #[param(max_length = 256)]

@@ -24,7 +24,7 @@ use utoipa::{IntoParams, ToSchema};
 pub struct DriftParams {
     /// Only this run's events.
     #[serde(default, deserialize_with = "crate::limits::opt_id")]
-    #[param(max_length = 256)]
+    #[param(min_length = 1, max_length = 256)]
     pub run_id: Option<String>,
     /// Inclusive start (RFC 3339 UTC, e.g. 2026-11-29T00:00:00Z).
     #[param(max_length = 64)]

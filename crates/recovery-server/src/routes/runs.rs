@@ -229,7 +229,7 @@ pub struct ValidateRequest {
     pub allow_unsafe: bool,
     /// The caller's lease on the run, when it holds one.
     #[serde(default, deserialize_with = "crate::limits::opt_id")]
-    #[schema(max_length = 256)]
+    #[schema(min_length = 1, max_length = 256)]
     pub lease_id: Option<String>,
 }
 

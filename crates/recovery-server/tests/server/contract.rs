@@ -169,6 +169,8 @@ async fn an_invalid_field_is_named_in_details() {
         .remove("output_path");
     let mut unknown = app.create_body();
     unknown["output_pth"] = json!("typo.jsonl");
+    let mut empty_lease = app.validate_body(0.3, 8000);
+    empty_lease["lease_id"] = json!("");
     let mut empty_output = app.create_body();
     empty_output["output_path"] = json!("");
     // No rows: the run would be complete at once.
@@ -559,6 +561,29 @@ async fn an_invalid_field_is_named_in_details() {
             Some(empty_output),
             "output_path",
         ),
+        // An optional id sent empty is refused too, not looked up (a validate's empty lease
+        // was answered 409 lease_not_held: hostile review 28).
+        (
+            Method::POST,
+            format!("/runs/{run_id}/validate"),
+            COLLECTOR,
+            Some(empty_lease),
+            "lease_id",
+        ),
+        (
+            Method::GET,
+            "/drift?run_id=".to_owned(),
+            VIEWER,
+            None,
+            "run_id",
+        ),
+        (
+            Method::GET,
+            "/audit?run_id=".to_owned(),
+            VIEWER,
+            None,
+            "run_id",
+        ),
     ];
     for (method, uri, token, body, field) in cases.into_iter().chain(checked) {
         let reply = app.call(method.clone(), &uri, Some(token), body).await;
@@ -583,7 +608,8 @@ async fn an_invalid_field_is_named_in_details() {
 }
 
 /// Refusals about the request as a whole name no field (the review saw `details.field: "body"`),
-/// and the audit log's cursor refusal does not point at a drift-only parameter.
+/// nor does a key no field has that reads as no field name (it is not repeated either), and
+/// the audit log's cursor refusal does not point at a drift-only parameter.
 #[tokio::test]
 async fn refusals_of_the_whole_request_name_no_field() {
     let app = TestApp::new().await;
@@ -608,6 +634,39 @@ async fn refusals_of_the_whole_request_name_no_field() {
             reply.body
         );
     }
+    // A key no field has that does not read as a field name is not repeated: it may be a
+    // token pasted in the wrong place.
+    let mut pasted = app.validate_body(0.3, 8000);
+    pasted["Bearer SKEYQ77"] = json!(true);
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(pasted),
+        )
+        .await;
+    let text = reply.body.to_string();
+    assert_eq!(reply.body["code"], "invalid_request", "{text}");
+    assert!(
+        !text.contains("SKEYQ77") && reply.body["details"].get("field").is_none(),
+        "{text}"
+    );
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("body: unknown field (its name is not repeated)")),
+        "{text}"
+    );
+    let reply = app
+        .call(Method::GET, "/drift?Bearer%20SKEYQ77=1", Some(VIEWER), None)
+        .await;
+    let text = reply.body.to_string();
+    assert_eq!(reply.body["code"], "invalid_request", "{text}");
+    assert!(
+        !text.contains("SKEYQ77") && reply.body["details"].get("field").is_none(),
+        "{text}"
+    );
     let reply = app
         .call(
             Method::GET,
