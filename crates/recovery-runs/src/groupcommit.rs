@@ -117,6 +117,24 @@ impl GroupJournals {
     }
 }
 
+/// Tells the operator what an append found at a journal's end: a tail cut off is a write a
+/// crash interrupted (its caller was never answered), kept out of the journal; a complete last
+/// line without its newline was kept. Silent when the file ended cleanly.
+pub fn report_repair(path: &Path, repair: recovery_sidecar::TailRepair) {
+    match repair {
+        recovery_sidecar::TailRepair::Clean => {}
+        recovery_sidecar::TailRepair::Terminated => tracing::warn!(
+            journal = %path.display(),
+            "the journal's last line lacked its newline (a write interrupted after its last byte); the newline was added"
+        ),
+        recovery_sidecar::TailRepair::Truncated(bytes) => tracing::warn!(
+            journal = %path.display(),
+            bytes_removed = bytes,
+            "the journal ended in an incomplete line (a write interrupted by a crash); it was cut off before appending"
+        ),
+    }
+}
+
 /// Writes a batch with one write and one fdatasync, and answers each line's caller.
 fn write_batch(path: &Path, batch: Vec<(Vec<u8>, Answer)>) {
     let lines: Vec<&[u8]> = batch.iter().map(|(line, _)| line.as_slice()).collect();
@@ -129,7 +147,8 @@ fn write_batch(path: &Path, batch: Vec<(Vec<u8>, Answer)>) {
             not_a_file: recovery_sidecar::is_not_a_regular_file(&e),
         });
     match written {
-        Ok((_, offsets)) => {
+        Ok((repair, offsets)) => {
+            report_repair(path, repair);
             // Lines per fdatasync is what group commit buys: the two counters' ratio.
             metrics::counter!("rollout_recovery_journal_syncs_total").increment(1);
             metrics::counter!("rollout_recovery_journal_lines_total")

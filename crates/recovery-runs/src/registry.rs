@@ -350,7 +350,8 @@ impl Registry {
     /// [`record_drift`](Self::record_drift), committing `resume` (the validation's resume event,
     /// completed as a resume across drift) in the drift row's transaction: one commit per
     /// resume, not two. It is taken only once the journal line is durable: a validation whose
-    /// line could not be written keeps its event, for the caller to record the failure.
+    /// line could not be written keeps its event, given the keys and digest it attempted, for the
+    /// caller to record the failure.
     pub async fn record_drift_with(
         &self,
         run: &impl RunSection,
@@ -369,14 +370,26 @@ impl Registry {
             current_config_digest: current_config_digest.to_owned(),
             operational_keys: keys,
         };
-        let id = self
+        let appended = self
             .append_json_line(
                 &run.paths().resume_drift,
                 &manifest.run_id,
                 DRIFT_JOURNAL,
                 &line,
             )
-            .await?;
+            .await;
+        let id = match appended {
+            Ok(id) => id,
+            Err(e) => {
+                // The caller records the failure, with the drift it was about (the operator
+                // saw a failed validation with no keys: hostile review 29).
+                if let Some(resume) = resume.as_mut() {
+                    resume.operational_keys = operational_keys.to_vec();
+                    resume.current_config_digest = Some(current_config_digest.to_owned());
+                }
+                return Err(e);
+            }
+        };
         let event = drift_event(id, line);
         let resume = resume.take().map(|resume| recovery_store::ResumeEvent {
             outcome: "resume_with_drift".into(),
@@ -502,7 +515,9 @@ impl Registry {
             // neither.
             SidecarPaths::check_journal(&results_offsets)?;
             SidecarPaths::check_journal(&offsets)?;
-            recovery_sidecar::prepare_append(&failures).map_err(journal_io(&failures))?;
+            let repair =
+                recovery_sidecar::prepare_append(&failures).map_err(journal_io(&failures))?;
+            crate::groupcommit::report_repair(&failures, repair);
             let count = read_lines(&failures)
                 .map_err(io(format!("reading {}", failures.display())))?
                 .len();
@@ -510,9 +525,11 @@ impl Registry {
             let results_count = read_lines(&results)
                 .map_err(io(format!("reading {}", results.display())))?
                 .len();
-            append_line(&results_offsets, results_count.to_string().as_bytes())
-                .map_err(journal_io(&results_offsets))?;
-            append_line(&offsets, count.to_string().as_bytes()).map_err(journal_io(&offsets))?;
+            for (journal, line) in [(&results_offsets, results_count), (&offsets, count)] {
+                let repair = append_line(journal, line.to_string().as_bytes())
+                    .map_err(journal_io(journal))?;
+                crate::groupcommit::report_repair(journal, repair);
+            }
             let line_number = read_lines(&offsets)
                 .map_err(io(format!("reading {}", offsets.display())))?
                 .len();

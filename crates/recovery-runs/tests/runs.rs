@@ -1312,7 +1312,8 @@ async fn blocking_work_runs_at_a_lower_priority_than_the_async_workers() {
 
 /// A validation's resume event rides in the drift row's transaction, completed as a resume
 /// across drift, and only once the journal line is durable: when the line cannot be written
-/// the event stays with the caller, who records the failure (nothing is half-kept).
+/// the event stays with the caller, who records the failure with the keys it was about (nothing
+/// is half-kept).
 #[tokio::test]
 async fn a_resume_event_is_committed_with_its_drift_row_only_once_the_line_is_durable() {
     let root = tempfile::tempdir().expect("root");
@@ -1351,8 +1352,12 @@ async fn a_resume_event_is_committed_with_its_drift_row_only_once_the_line_is_du
     assert!(failed.is_err(), "{failed:?}");
     assert_eq!(
         event,
-        Some(pending("e1")),
-        "kept, untouched, for the caller"
+        Some(recovery_store::ResumeEvent {
+            operational_keys: keys.to_vec(),
+            current_config_digest: Some("d1".into()),
+            ..pending("e1")
+        }),
+        "kept for the caller, naming the drift it attempted, with no outcome decided"
     );
     assert!(
         store
