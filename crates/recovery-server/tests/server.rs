@@ -656,6 +656,12 @@ async fn validate_reuses_journals_operational_drift_and_refuses_semantic_drift()
         .call(Method::POST, &uri, Some(COLLECTOR), Some(unsafe_resume))
         .await;
     assert_eq!(overridden.body["outcome"].as_str(), Some("overridden"));
+    assert_eq!(
+        overridden.body["semantic_keys"],
+        json!(["collection.responses_create_params.temperature"]),
+        "the answer names what the override accepted: {}",
+        overridden.body
+    );
     app.clock.advance(time::Duration::seconds(1));
     let sticky = app
         .call(

@@ -242,6 +242,9 @@ pub struct ValidateResponse {
     pub message: Option<String>,
     /// Keys journalled for a resume across operational drift.
     pub operational_keys: Vec<String>,
+    /// The semantic keys an override (`overridden`) accepted with `allow_unsafe`, as its
+    /// recorded event names them; empty for every other outcome.
+    pub semantic_keys: Vec<String>,
     pub drift_event_id: Option<String>,
     pub config_digest: String,
     #[schema(value_type = Option<Object>)]
@@ -376,7 +379,7 @@ async fn validate_inner(
             note(record, |event| {
                 event.outcome = resumed.outcome.into();
                 event.reasons = resumed.reasons;
-                event.semantic_keys = resumed.semantic_keys;
+                event.semantic_keys = resumed.semantic_keys.clone();
                 event.operational_keys = resumed.operational_keys.clone();
                 if matches!(resumed.outcome, "overridden" | "import_legacy") {
                     event.message = resumed.message.clone().unwrap_or_default();
@@ -387,6 +390,7 @@ async fn validate_inner(
                 run_id,
                 message: resumed.message,
                 operational_keys: resumed.operational_keys,
+                semantic_keys: resumed.semantic_keys,
                 drift_event_id: resumed.drift_event_id,
                 config_digest: config_digest.unwrap_or_default(),
                 manifest: resumed.manifest,
