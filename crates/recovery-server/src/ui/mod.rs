@@ -293,9 +293,14 @@ pub struct RunSummary {
     pub holder: Option<routes::leases::HolderView>,
     /// The plan's summary (`state_counts`, `cap`), or why there is none.
     pub plan: Result<Value, String>,
-    /// The run's latest validations, newest first.
+    /// The run's latest validations, newest first: [`HISTORY_ROWS`] at most.
     pub history: Vec<recovery_store::ResumeEvent>,
+    /// Whether older validations than those in `history` exist.
+    pub older_history: bool,
 }
+
+/// How many validations a run's page lists.
+pub const HISTORY_ROWS: usize = 50;
 
 impl RunSummary {
     pub fn last_validation(&self) -> Option<&recovery_store::ResumeEvent> {
@@ -329,14 +334,18 @@ async fn run_summary(
         Some(plan) => plan,
         None => plan_page(state, visitor, &run_id, None, Some(1), None).await,
     };
-    let events = state
+    // One more than are listed: the page says when older ones exist.
+    let mut events = state
         .registry
         .store()
-        .list_resume_events(&run_id, 50)
+        .list_resume_events(&run_id, HISTORY_ROWS as u32 + 1)
         .await
         .unwrap_or_default();
+    let older_history = events.len() > HISTORY_ROWS;
+    events.truncate(HISTORY_ROWS);
     RunSummary {
         history: events,
+        older_history,
         record,
         holder,
         plan,

@@ -453,13 +453,21 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                             tr {
                                 td { (when(&e.at, now)) }
                                 td { (e.outcome) }
-                                td.mono { (e.operational_keys.join(", ")) @if !e.semantic_keys.is_empty() { " " (if e.outcome == "overridden" { "overridden" } else { "refused" }) ": " (e.semantic_keys.join(", ")) } }
+                                td.mono {
+                                    (e.operational_keys.join(", "))
+                                    @if !e.semantic_keys.is_empty() { " " (if e.outcome == "overridden" { "overridden" } else { "refused" }) ": " (e.semantic_keys.join(", ")) }
+                                    // A refusal that names no key (a changed source, an earlier override) says why.
+                                    @else if e.operational_keys.is_empty() && !e.reasons.is_empty() { "reasons: " (e.reasons.join(", ")) }
+                                }
                                 td { (e.client.as_deref().unwrap_or("")) }
                             }
                         }
                         @if page.summary.history.is_empty() { tr { td colspan="4" { "None yet." } } }
                     }
                 } }
+                @if page.summary.older_history {
+                    p { "The " (super::HISTORY_ROWS) " newest validations are listed; older ones are recorded but not shown here." }
+                }
                 p { a href={ "/ui/drift?run_id=" (url_encode(&run.run_id)) } { "This run's drift over time" } }
             }
         },
