@@ -344,6 +344,98 @@ async fn resume_and_drift_events_are_idempotent_and_queryable() {
     .await;
 }
 
+/// The API's pages pass the database's JSON text through (`query_drift_rendered`): for every
+/// filter, order and page size they hold exactly the events `query_drift` reads, in its order,
+/// as `DriftEvent` serializes them, and a cursor exactly when another event follows, which
+/// walks every event once.
+#[tokio::test]
+async fn rendered_drift_pages_hold_what_query_drift_reads_and_page_through_every_event() {
+    with_each_backend(|store| async move {
+        let keys = [
+            "servers.a.port",
+            "servers.a.\"quoted\".port",
+            "servers.d.tab\tand\nnewline.\u{1}",
+            "servers.c.naïve_ポート.url",
+        ];
+        let mut events = Vec::new();
+        for n in 0..23u32 {
+            let event = DriftEvent {
+                event_id: format!("{:032x}", n * 7919 % 23),
+                run_id: format!("r{}", n % 3),
+                // Several events share a second: the id orders them.
+                at: time(n / 4),
+                saved_config_digest: format!("sha256:{n:064x}"),
+                current_config_digest: "sha256:\"odd\\digest\"".into(),
+                operational_keys: keys[..(n as usize % keys.len()) + 1]
+                    .iter()
+                    .map(|k| (*k).to_owned())
+                    .collect(),
+            };
+            assert!(store.insert_drift_event(&event).await.expect("insert"));
+            events.push(event);
+        }
+        let filters = [
+            DriftFilter::default(),
+            DriftFilter {
+                run_id: Some("r1".into()),
+                ..Default::default()
+            },
+            DriftFilter {
+                key: Some(keys[2].into()),
+                ..Default::default()
+            },
+            DriftFilter {
+                from: Some(time(1)),
+                to: Some(time(4)),
+                ..Default::default()
+            },
+        ];
+        for filter in filters {
+            for newest_first in [false, true] {
+                let all = DriftFilter {
+                    limit: 1000,
+                    newest_first,
+                    ..filter.clone()
+                };
+                let expected = store.query_drift(&all).await.expect("all");
+                assert!(!expected.is_empty(), "{all:?}");
+                for limit in [1, 2, 5, 1000] {
+                    let mut walked: Vec<DriftEvent> = Vec::new();
+                    let mut after = None;
+                    loop {
+                        let filter = DriftFilter {
+                            limit,
+                            after: after.clone(),
+                            ..all.clone()
+                        };
+                        let page = store.query_drift_rendered(&filter).await.expect("page");
+                        let read: Vec<DriftEvent> =
+                            serde_json::from_str(&page.events_json).expect("JSON events");
+                        let queried = store.query_drift(&filter).await.expect("query");
+                        assert_eq!(read, queried, "{filter:?}");
+                        assert_eq!(
+                            page.events_json,
+                            serde_json::to_string(&queried).expect("json"),
+                            "written as DriftEvent serializes: {filter:?}"
+                        );
+                        walked.extend(read);
+                        match page.next {
+                            Some(cursor) => {
+                                let last = walked.last().expect("a page before a cursor");
+                                assert_eq!((&cursor.at, &cursor.id), (&last.at, &last.event_id));
+                                after = Some(cursor);
+                            }
+                            None => break,
+                        }
+                    }
+                    assert_eq!(walked, expected, "limit {limit}: {all:?}");
+                }
+            }
+        }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn drift_keys_come_back_as_written_whatever_characters_they_hold() {
     with_each_backend(|store| async move {

@@ -5,7 +5,6 @@ use crate::error::{
     ApiError, ApiErrorBody, ApiJsonBytes, ApiQuery, ApiResult, ErrorCode, SerializedJson,
 };
 use crate::state::AppState;
-use axum::Json;
 use axum::extract::{Path, State};
 use recovery_core::facts::RowFacts;
 use recovery_core::failure::ClassificationPolicy;
@@ -116,7 +115,7 @@ pub enum DriftOrder {
     Newest,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct DriftPage {
     pub events: Vec<DriftEvent>,
     /// Present when more events match now: pass it as `cursor` for the next page.
@@ -221,11 +220,12 @@ fn time_bound(field: &str, text: &str) -> ApiResult<String> {
     }
 }
 
+/// A page of drift events: a [`DriftPage`].
 async fn drift_page(
     state: &AppState,
     params: RunDriftParams,
     run_id: Option<String>,
-) -> ApiResult<DriftPage> {
+) -> ApiResult<SerializedJson> {
     let limit = crate::error::page_limit(params.limit, 100)?;
     // An empty filter would match nothing, silently: refused like any other empty field.
     for (field, value) in [("run_id", &run_id), ("key", &params.key)] {
@@ -269,7 +269,7 @@ async fn drift_page(
             after: cursor.as_ref().map_or(0, |c| c.position),
             limit: limit + 1,
         };
-        return followed_page(state, follow, cursor, limit).await;
+        return SerializedJson::of(&followed_page(state, follow, cursor, limit).await?);
     }
     let filter = DriftFilter {
         run_id,
@@ -281,29 +281,18 @@ async fn drift_page(
             .as_deref()
             .map(drift_time_cursor)
             .transpose()?,
-        // One more than the page: a cursor is given only when another event follows.
-        limit: limit + 1,
+        limit,
         newest_first: order == DriftOrder::Newest,
     };
-    let mut events = state.registry.store().query_drift(&filter).await?;
-    let more = events.len() > limit as usize;
-    events.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| {
-            events.last().map(|e| {
-                Cursor {
-                    at: e.at.clone(),
-                    id: e.event_id.clone(),
-                }
-                .encode()
-            })
-        })
-        .flatten();
-    Ok(DriftPage {
-        events,
-        next_cursor,
-        follow_cursor: None,
-    })
+    let page = state.registry.store().query_drift_rendered(&filter).await?;
+    // The events are the database's JSON text, passed through ([`DriftPage`]'s shape).
+    let next_cursor = serde_json::to_string(&page.next.map(|cursor| cursor.encode()))
+        .map_err(|e| ApiError::internal("serialising the answer", e))?;
+    let body = format!(
+        "{{\"events\":{},\"next_cursor\":{next_cursor},\"follow_cursor\":null}}",
+        page.events_json
+    );
+    Ok(SerializedJson(body.into_bytes()))
 }
 
 /// A page in recorded order (`follow.limit` is one more than the page).
@@ -362,10 +351,10 @@ pub async fn drift(
     State(state): State<AppState>,
     caller: Caller,
     ApiQuery(params): ApiQuery<DriftParams>,
-) -> ApiResult<Json<DriftPage>> {
+) -> ApiResult<SerializedJson> {
     caller.require(Role::Viewer)?;
     let (run_id, params) = params.split();
-    Ok(Json(drift_page(&state, params, run_id).await?))
+    drift_page(&state, params, run_id).await
 }
 
 /// Every resume of one run that crossed operational drift.
@@ -376,10 +365,10 @@ pub async fn run_drift(
     Path(run_id): Path<String>,
     caller: Caller,
     ApiQuery(params): ApiQuery<RunDriftParams>,
-) -> ApiResult<Json<DriftPage>> {
+) -> ApiResult<SerializedJson> {
     caller.require(Role::Viewer)?;
     state.run(&run_id).await?;
-    Ok(Json(drift_page(&state, params, Some(run_id)).await?))
+    drift_page(&state, params, Some(run_id)).await
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -456,8 +456,13 @@ async fn drift(
         ApiQuery(params),
     )
     .await;
+    // The API's answer is JSON text (passed through from the database): read back here.
+    let page = page.and_then(|json| {
+        serde_json::from_slice::<routes::query::DriftPage>(&json.0)
+            .map_err(|e| crate::error::ApiError::internal("reading the drift page", e))
+    });
     let page = match page {
-        Ok(axum::Json(page)) => page,
+        Ok(page) => page,
         Err(error) => return pages::api_error_page(&error, None),
     };
     let chart = chart::drift_chart(&page.events);
