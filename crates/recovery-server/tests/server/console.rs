@@ -518,3 +518,47 @@ async fn a_viewers_action_form_is_refused_for_its_role_whatever_it_holds() {
         );
     }
 }
+
+/// A run's page lists its 50 newest validations and says when older ones exist (it listed 50
+/// with no sign of more), and a refusal that names no key shows its reasons where the keys go
+/// (the cell was blank).
+#[tokio::test]
+async fn the_run_page_says_when_older_validations_exist_and_why_a_keyless_refusal_was_refused() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let viewer = sign_in(&app, VIEWER).await;
+    let run_page = format!("/ui/runs/{run_id}");
+    let uri = format!("/runs/{run_id}/validate");
+    let older = "newest validations are listed; older ones are recorded";
+    for _ in 0..50 {
+        app.clock.advance(time::Duration::seconds(1));
+        let reply = app
+            .call(
+                Method::POST,
+                &uri,
+                Some(COLLECTOR),
+                Some(app.validate_body(0.3, 8000)),
+            )
+            .await;
+        assert_eq!(reply.body["outcome"], "reuse", "{}", reply.body);
+    }
+    let page = visit(&app, Method::GET, &run_page, Some(&viewer), None, &[]).await;
+    assert!(
+        !page.body.contains(older),
+        "fifty in all: every one is listed"
+    );
+    std::fs::write(app.root.join("data/other.jsonl"), b"{}\n").expect("other source");
+    let mut changed_source = app.validate_body(0.3, 8000);
+    changed_source["source_path"] = json!(app.root.join("data/other.jsonl"));
+    app.clock.advance(time::Duration::seconds(1));
+    let refused = app
+        .call(Method::POST, &uri, Some(COLLECTOR), Some(changed_source))
+        .await;
+    assert_eq!(refused.body["code"], "resume_refused", "{}", refused.body);
+    let page = visit(&app, Method::GET, &run_page, Some(&viewer), None, &[]).await;
+    assert!(page.body.contains(older), "fifty-one in all");
+    assert!(
+        page.body.contains("reasons: source_dataset"),
+        "the newest, a refusal for the source, says why"
+    );
+}
