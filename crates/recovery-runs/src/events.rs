@@ -14,7 +14,7 @@ pub fn line_id(run_id: &str, journal: &str, offset: u64, bytes: &[u8]) -> String
     hasher.update(format!("{run_id}\n{journal}\n{offset}\n").as_bytes());
     hasher.update(bytes);
     let digest = hasher.finalize();
-    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    recovery_core::canonical::hex(&digest[..16])
 }
 
 /// Journal kinds named in [`line_id`].
