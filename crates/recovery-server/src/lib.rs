@@ -35,7 +35,7 @@ use utoipa::OpenApi;
 #[openapi(
     info(title = "rollout-recovery", description = "Resume authority for LLM evaluation and RL rollout collectors: manifests, resume validation, drift history, failure classification, approvals and run leases. Every error body is {code, message, details}."),
     paths(
-        routes::runs::create_run, routes::runs::validate, routes::runs::list_runs, routes::runs::get_run,
+        routes::runs::create_run, routes::runs::validate, routes::runs::list_runs, routes::runs::get_run, routes::runs::list_validations,
         routes::query::drift, routes::query::run_drift, routes::query::classify, routes::query::plan,
         routes::ops::approve, routes::ops::list_approvals, routes::ops::revoke_approval,
         routes::ops::extend, routes::ops::resubmit, routes::ops::reserve,
@@ -273,6 +273,10 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/runs", get(routes::runs::list_runs))
         .route("/runs/{run_id}/drift", get(routes::query::run_drift))
+        .route(
+            "/runs/{run_id}/validations",
+            get(routes::runs::list_validations),
+        )
         .route("/drift", get(routes::query::drift))
         .route("/runs/{run_id}/plan", get(routes::query::plan))
         .route("/audit", get(routes::audit::audit))

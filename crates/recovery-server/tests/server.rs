@@ -839,6 +839,109 @@ async fn a_validate_reads_the_manifest_a_collector_replaced_since_the_last_one()
     assert_eq!(listed_cap(&after.body), Some(json!(7)), "{}", after.body);
 }
 
+/// A run's validations are listed newest first, a page at a time, with every outcome the run
+/// recorded (the console showed only the 50 newest, and no API listed them).
+#[tokio::test]
+async fn a_runs_validations_are_listed_newest_first_a_page_at_a_time() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let uri = format!("/runs/{run_id}/validations");
+    let validate = format!("/runs/{run_id}/validate");
+    for (temperature, port) in [
+        (0.3, 8000),
+        (0.3, 8001),
+        (0.9, 8000),
+        (0.3, 8002),
+        (0.3, 8000),
+    ] {
+        app.clock.advance(time::Duration::seconds(1));
+        app.call(
+            Method::POST,
+            &validate,
+            Some(COLLECTOR),
+            Some(app.validate_body(temperature, port)),
+        )
+        .await;
+    }
+    let recorded = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 100)
+        .await
+        .expect("events");
+    let outcomes: Vec<&str> = recorded.iter().map(|e| e.outcome.as_str()).collect();
+    assert_eq!(
+        outcomes,
+        [
+            "reuse",
+            "resume_with_drift",
+            "refused",
+            "resume_with_drift",
+            "reuse"
+        ],
+        "newest first"
+    );
+    for limit in [1, 2, 5, 100] {
+        let mut listed: Vec<Value> = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = match &cursor {
+                Some(c) => format!(
+                    "{uri}?limit={limit}&cursor={}",
+                    c.replace(':', "%3A").replace('|', "%7C")
+                ),
+                None => format!("{uri}?limit={limit}"),
+            };
+            let reply = app.call(Method::GET, &page, Some(VIEWER), None).await;
+            assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+            let validations = reply.body["validations"].as_array().expect("list");
+            assert!(validations.len() <= limit, "{}", reply.body);
+            listed.extend(validations.iter().cloned());
+            match reply.body["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        assert_eq!(
+            listed,
+            serde_json::to_value(&recorded)
+                .expect("json")
+                .as_array()
+                .expect("list")
+                .clone(),
+            "limit {limit}: every validation once, in order"
+        );
+    }
+    for (page, status, code) in [
+        (
+            "/runs/0123456789abcdef0123456789abcdef/validations".to_owned(),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            format!("{uri}?cursor=yesterday"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+        (
+            format!("{uri}?limit=0"),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_request",
+        ),
+    ] {
+        let reply = app.call(Method::GET, &page, Some(VIEWER), None).await;
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (status, Some(code)),
+            "{page}: {}",
+            reply.body
+        );
+    }
+    let anonymous = app.call(Method::GET, &uri, None, None).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+}
+
 #[tokio::test]
 async fn drift_history_is_queryable_per_run_and_across_runs() {
     let app = TestApp::new().await;

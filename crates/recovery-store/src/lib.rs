@@ -964,13 +964,33 @@ impl Store {
         run_id: &str,
         limit: u32,
     ) -> Result<Vec<ResumeEvent>, StoreError> {
+        self.page_resume_events(run_id, None, limit).await
+    }
+
+    /// A run's validations, newest first (time, then id, descending), older than `before` when
+    /// given (the last of the previous page): keyset paging along the run's time index.
+    pub async fn page_resume_events(
+        &self,
+        run_id: &str,
+        before: Option<&Cursor>,
+        limit: u32,
+    ) -> Result<Vec<ResumeEvent>, StoreError> {
+        let older = if before.is_some() {
+            " AND (at < $2 OR (at = $2 AND event_id < $3))"
+        } else {
+            ""
+        };
         let sql = format!(
             "SELECT event_id, run_id, output_path, at, outcome, message, reasons, semantic_keys, operational_keys, \
-             saved_config_digest, current_config_digest, client FROM resume_events WHERE run_id = $1 \
+             saved_config_digest, current_config_digest, client FROM resume_events WHERE run_id = $1{older} \
              ORDER BY at DESC, event_id DESC LIMIT {}",
             limit.clamp(1, MAX_ROWS)
         );
-        let rows = sqlx::query(&sql).bind(run_id).fetch_all(&self.pool).await?;
+        let mut query = sqlx::query(&sql).bind(run_id);
+        if let Some(cursor) = before {
+            query = query.bind(&cursor.at).bind(&cursor.id);
+        }
+        let rows = query.fetch_all(&self.pool).await?;
         rows.iter()
             .map(|row| {
                 Ok(ResumeEvent {

@@ -597,3 +597,65 @@ pub async fn get_run(
         effective_cap,
     }))
 }
+
+/// Which of a run's validations to list.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ValidationParams {
+    /// At most this many (1-1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// Where the previous page ended (its `next_cursor`): older validations follow.
+    #[param(max_length = 400)]
+    pub cursor: Option<String>,
+}
+
+/// A page of a run's validations, newest first.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ValidationPage {
+    pub validations: Vec<ResumeEvent>,
+    /// Present when older validations exist: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
+}
+
+/// Every validation of a run, newest first, whatever its outcome (reuse, drift, refusals,
+/// overrides, lease and lock refusals, failures): what it was answered, with the keys, reasons
+/// and configuration digests it was recorded with, never values.
+#[utoipa::path(get, path = "/runs/{run_id}/validations", tag = "runs",
+    params(("run_id" = String, Path, description = "Run id"), ValidationParams),
+    responses((status = 200, body = ValidationPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+pub async fn list_validations(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    caller: Caller,
+    ApiQuery(params): ApiQuery<ValidationParams>,
+) -> ApiResult<Json<ValidationPage>> {
+    caller.require(Role::Viewer)?;
+    let limit = crate::error::page_limit(params.limit, 100)?;
+    let before = params
+        .cursor
+        .as_deref()
+        .map(crate::routes::query::time_cursor)
+        .transpose()?;
+    state.run(&run_id).await?;
+    // One more than the page: a cursor is given only when an older validation exists.
+    let mut validations = state
+        .registry
+        .store()
+        .page_resume_events(&run_id, before.as_ref(), limit + 1)
+        .await?;
+    let more = validations.len() > limit as usize;
+    validations.truncate(limit as usize);
+    let next_cursor = more.then(|| validations.last()).flatten().map(|last| {
+        Cursor {
+            at: last.at.clone(),
+            id: last.event_id.clone(),
+        }
+        .encode()
+    });
+    Ok(Json(ValidationPage {
+        validations,
+        next_cursor,
+    }))
+}

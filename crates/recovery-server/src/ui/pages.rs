@@ -466,7 +466,7 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                     }
                 } }
                 @if page.summary.older_history {
-                    p { "The " (super::HISTORY_ROWS) " newest validations are listed; older ones are recorded but not shown here." }
+                    p { "The " (super::HISTORY_ROWS) " newest validations are listed; older ones are recorded, and " code { "GET /runs/" (run.run_id) "/validations" } " pages through all of them." }
                 }
                 p { a href={ "/ui/drift?run_id=" (url_encode(&run.run_id)) } { "This run's drift over time" } }
             }
