@@ -1573,3 +1573,55 @@ async fn an_unreachable_database_is_named_without_its_password() {
         assert!(!message.contains("PGSECRET"), "{message}");
     }
 }
+
+#[tokio::test]
+async fn a_runs_validations_page_newest_first_each_once_even_when_times_are_equal() {
+    with_each_backend(|store| async move {
+        // Seven validations of r1, three of them at one time (the id breaks the tie), and one of
+        // another run that no page of r1 may hold.
+        let seconds = [1, 2, 2, 2, 3, 4, 5];
+        let event = |n: usize, run: &str, second: u32| ResumeEvent {
+            event_id: format!("{run}-e{n}"),
+            run_id: Some(run.into()),
+            output_path: format!("/data/{run}.jsonl"),
+            at: time(second),
+            outcome: "reuse".into(),
+            message: "Resuming.".into(),
+            reasons: vec![],
+            semantic_keys: vec![],
+            operational_keys: vec![],
+            saved_config_digest: Some("c".into()),
+            current_config_digest: Some("c".into()),
+            client: None,
+        };
+        let mut recorded: Vec<ResumeEvent> = seconds
+            .iter()
+            .enumerate()
+            .map(|(n, second)| event(n, "r1", *second))
+            .collect();
+        for e in recorded.iter().chain([&event(9, "r2", 3)]) {
+            assert!(store.insert_resume_event(e).await.expect("insert"));
+        }
+        recorded.sort_by(|a, b| (&b.at, &b.event_id).cmp(&(&a.at, &a.event_id)));
+
+        for size in [1u32, 2, 3, 7, 10] {
+            let mut paged = Vec::new();
+            let mut before: Option<Cursor> = None;
+            loop {
+                let page = store
+                    .page_resume_events("r1", before.as_ref(), size)
+                    .await
+                    .expect("page");
+                assert!(page.len() <= size as usize, "size {size}");
+                let Some(last) = page.last() else { break };
+                before = Some(Cursor {
+                    at: last.at.clone(),
+                    id: last.event_id.clone(),
+                });
+                paged.extend(page);
+            }
+            assert_eq!(paged, recorded, "pages of {size}");
+        }
+    })
+    .await;
+}
