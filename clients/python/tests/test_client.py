@@ -113,6 +113,19 @@ def test_validate_reuse_drift_and_override(
     assert overridden.outcome == "overridden"
     assert overridden.manifest is not None
     assert overridden.manifest.identity_overridden is True
+    assert [k.rsplit(".", 2)[-2:] for k in overridden.semantic_keys] == [
+        ["responses_create_params", "temperature"]
+    ]
+
+    # The service recorded the three, newest first, with the keys each was answered with.
+    recorded = list(client.iter_validations(spec.run_id, page_size=1))
+    assert [v.outcome for v in recorded] == ["overridden", "resume_with_drift", "reuse"]
+    assert recorded[1].operational_keys == drift.operational_keys
+    assert recorded[0].semantic_keys == overridden.semantic_keys
+    assert len({v.event_id for v in recorded}) == 3, "paging repeats no validation"
+    first = client.validations(spec.run_id, limit=2)
+    assert [v.event_id for v in first.validations] == [v.event_id for v in recorded[:2]]
+    assert first.next_cursor is not None
 
 
 def test_lease_operations(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:

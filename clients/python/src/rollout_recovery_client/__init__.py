@@ -75,6 +75,8 @@ from .models import (
     RunRecord,
     RunView,
     ValidateResult,
+    Validation,
+    ValidationPage,
 )
 from .retry import NO_RETRY, RetryPolicy
 
@@ -145,6 +147,8 @@ __all__ = [
     "UnauthenticatedError",
     "UriTooLongError",
     "ValidateResult",
+    "Validation",
+    "ValidationPage",
     "__version__",
     "check_complete",
     "exit_code",

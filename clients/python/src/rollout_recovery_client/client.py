@@ -40,6 +40,8 @@ from .models import (
     RunRecord,
     RunView,
     ValidateResult,
+    Validation,
+    ValidationPage,
 )
 from .retry import RetryPolicy
 
@@ -452,6 +454,27 @@ class RecoveryClient:
         )
 
     # -- leases -------------------------------------------------------------------------
+
+    def validations(
+        self, run_id: str, *, limit: int | None = None, cursor: str | None = None
+    ) -> ValidationPage:
+        """One page of a run's recorded validations, newest first."""
+        params = {"limit": limit, "cursor": cursor}
+        path = f"/runs/{_segment(run_id)}/validations"
+        return ValidationPage.from_dict(self._object("GET", path, params=params))
+
+    def iter_validations(
+        self, run_id: str, *, page_size: int | None = None
+    ) -> Iterator[Validation]:
+        """Every recorded validation of a run, newest first, across pages."""
+        size = None if page_size is None else _positive_int("page_size", page_size)
+        cursor: str | None = None
+        while True:
+            page = self.validations(run_id, limit=size, cursor=cursor)
+            yield from page.validations
+            if page.next_cursor is None or not page.validations:
+                return
+            cursor = page.next_cursor
 
     def acquire_lease(
         self,

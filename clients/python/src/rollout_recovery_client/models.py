@@ -324,6 +324,8 @@ class ValidateResult:
     config_digest: str
     manifest: Manifest | None
     raw: Raw = field(repr=False)
+    #: The semantic keys an ``overridden`` resume accepted (empty for every other outcome).
+    semantic_keys: list[str] = field(default_factory=list)
 
     @property
     def reuse(self) -> bool:
@@ -344,6 +346,7 @@ class ValidateResult:
             config_digest=_str(data, "config_digest"),
             manifest=_opt_manifest(data, "manifest"),
             raw=_raw(data),
+            semantic_keys=_str_list(data, "semantic_keys"),
         )
 
 
@@ -699,6 +702,60 @@ class DriftPage:
             next_cursor=_opt_str(data, "next_cursor"),
             raw=_raw(data),
             follow_cursor=_opt_str(data, "follow_cursor"),
+        )
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One recorded validation of a run: its answer, keys and digests, never values."""
+
+    event_id: str
+    run_id: str | None
+    output_path: str
+    at: str
+    outcome: str
+    message: str
+    reasons: list[str]
+    semantic_keys: list[str]
+    operational_keys: list[str]
+    saved_config_digest: str | None
+    current_config_digest: str | None
+    client: str | None
+    raw: Raw = field(repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Validation:
+        return cls(
+            event_id=_str(data, "event_id"),
+            run_id=_opt_str(data, "run_id"),
+            output_path=_str(data, "output_path"),
+            at=_str(data, "at"),
+            outcome=_str(data, "outcome"),
+            message=_str(data, "message"),
+            reasons=_str_list(data, "reasons"),
+            semantic_keys=_str_list(data, "semantic_keys"),
+            operational_keys=_str_list(data, "operational_keys"),
+            saved_config_digest=_opt_str(data, "saved_config_digest"),
+            current_config_digest=_opt_str(data, "current_config_digest"),
+            client=_opt_str(data, "client"),
+            raw=_raw(data),
+        )
+
+
+@dataclass(frozen=True)
+class ValidationPage:
+    """One page of ``GET /runs/{id}/validations`` (newest first)."""
+
+    validations: list[Validation]
+    next_cursor: str | None
+    raw: Raw = field(repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ValidationPage:
+        return cls(
+            validations=[Validation.from_dict(v) for v in _dicts(data, "validations")],
+            next_cursor=_opt_str(data, "next_cursor"),
+            raw=_raw(data),
         )
 
 
