@@ -640,6 +640,10 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
                 }
                 None => ApiError::invalid(format!("body: {said}")),
             }
+        } else if let Some(field) = unknown_field_at(&path, &without_position(&inner)) {
+            // A key no field has, whatever it is called (`password` is no field either): said
+            // as unknown, not as a field whose value is wrong.
+            ApiError::invalid_field(&field, format!("{field}: {}", without_position(&inner)))
         } else if may_hold_a_credential(&path) {
             // `environment` is where collectors put credentials: a value of the wrong type is
             // refused without being repeated (collectors log refusals).
@@ -671,6 +675,13 @@ pub fn parse_shallow_json_body<'de, T: serde::Deserialize<'de>>(body: &'de [u8])
         .end()
         .map_err(|e| ApiError::invalid(format!("body: malformed JSON: {e}")))?;
     Ok(value)
+}
+
+/// The key serde refused as unknown at `path` (a nested object's key is named by its path).
+fn unknown_field_at(path: &str, said: &str) -> Option<String> {
+    said.starts_with("unknown field `")
+        .then(|| path.to_owned())
+        .filter(|path| !path.is_empty() && path != ".")
 }
 
 /// serde's "unknown field `key`, expected ..." without the key, when the key does not read as a
@@ -916,12 +927,27 @@ fn integer_in_words(reason: &str, value: &str, field: &str) -> Option<String> {
         "invalid digit found in string" if negative => {
             Some(format!("{value} is out of range: it is negative"))
         }
-        "invalid digit found in string" => Some(format!("{value:?} is not an integer")),
+        // A value that reads as a number is said back (`"1.5"`); any other could be a pasted
+        // credential and is not repeated.
+        "invalid digit found in string" if reads_as_number(value) => {
+            Some(format!("{value:?} is not an integer"))
+        }
+        "invalid digit found in string" => {
+            Some("is not an integer (the value is not repeated)".to_owned())
+        }
         "cannot parse integer from empty string" => {
             Some("must not be empty (an integer)".to_owned())
         }
         _ => None,
     }
+}
+
+/// Up to 32 characters of what a number is written with (digits, sign, point, exponent).
+fn reads_as_number(value: &str) -> bool {
+    value.len() <= 32
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'+' | b'e' | b'E'))
 }
 
 /// Answers that layers below the handlers produce as plain text (a body over the limit refused

@@ -940,6 +940,21 @@ async fn a_runs_validations_are_listed_newest_first_a_page_at_a_time() {
     }
     let anonymous = app.call(Method::GET, &uri, None, None).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+
+    // A replacement supersedes the run; its validations are history and stay readable.
+    let mut replace = app.create_body();
+    replace["replace"] = json!(true);
+    let replaced = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(replace))
+        .await;
+    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert_eq!(
+        reply.body["validations"],
+        serde_json::to_value(&recorded).expect("json"),
+        "the superseded run's validations"
+    );
 }
 
 #[tokio::test]
@@ -2390,7 +2405,15 @@ async fn integer_query_parameters_are_refused_naming_the_value() {
             "limit=1001",
             "limit: 1001 is out of range: must be between 1 and 1000",
         ),
-        ("limit=abc", "limit: \"abc\" is not an integer"),
+        // A value that is no number is not repeated: it could be a pasted credential.
+        (
+            "limit=abc",
+            "limit: is not an integer (the value is not repeated)",
+        ),
+        (
+            "limit=Bearer%20SKEYQ77",
+            "limit: is not an integer (the value is not repeated)",
+        ),
         ("limit=1.5", "limit: \"1.5\" is not an integer"),
         ("limit=", "limit: must not be empty (an integer)"),
     ] {

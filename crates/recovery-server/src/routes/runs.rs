@@ -621,7 +621,8 @@ pub struct ValidationPage {
 
 /// Every validation of a run, newest first, whatever its outcome (reuse, drift, refusals,
 /// overrides, lease and lock refusals, failures): what it was answered, with the keys, reasons
-/// and configuration digests it was recorded with, never values.
+/// and configuration digests it was recorded with, never values. A run another run replaced
+/// keeps its list.
 #[utoipa::path(get, path = "/runs/{run_id}/validations", tag = "runs",
     params(("run_id" = String, Path, description = "Run id"), ValidationParams),
     responses((status = 200, body = ValidationPage), (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
@@ -638,7 +639,8 @@ pub async fn list_validations(
         .as_deref()
         .map(crate::routes::query::time_cursor)
         .transpose()?;
-    state.run(&run_id).await?;
+    // A superseded run is history too: its validations stay readable after a replacement.
+    state.known_run(&run_id).await?;
     // One more than the page: a cursor is given only when an older validation exists.
     let mut validations = state
         .registry

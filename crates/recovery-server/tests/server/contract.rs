@@ -658,6 +658,29 @@ async fn refusals_of_the_whole_request_name_no_field() {
             .is_some_and(|m| m.starts_with("body: unknown field (its name is not repeated)")),
         "{text}"
     );
+    // A key named like a credential is no field either: refused as unknown (it was refused as
+    // a field whose value was wrong, hostile review 30).
+    for key in ["password", "api_key"] {
+        let mut body = app.validate_body(0.3, 8000);
+        body[key] = json!("hunter2");
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        let text = reply.body.to_string();
+        assert!(!text.contains("hunter2"), "{text}");
+        reply.assert_field_refused(key, key);
+        assert!(
+            reply.body["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with(&format!("{key}: unknown field `{key}`, expected "))),
+            "{text}"
+        );
+    }
     let reply = app
         .call(Method::GET, "/drift?Bearer%20SKEYQ77=1", Some(VIEWER), None)
         .await;
