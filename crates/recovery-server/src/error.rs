@@ -715,13 +715,15 @@ fn unknown_parameter_unrepeated(text: &str) -> Option<String> {
 }
 
 /// Whether an unknown key reads as a misspelt field name (`output_pth`), which is worth naming
-/// back, rather than arbitrary text: at most 64 letters, digits, `_`, `-` or `.`.
+/// back, rather than arbitrary text: at most 64 lowercase letters, digits or `_`, as every field
+/// and parameter name is. Tokens have other characters (`sk-...`, `ghp_AbC...`), and are not
+/// repeated (hostile review 31: `-`, `.` and capitals let a pasted token be echoed).
 fn reads_as_field_name(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= 64
         && key
             .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
 }
 
 /// Why a field sent once can be "duplicate": it was also sent under its other name. serde

@@ -955,6 +955,42 @@ async fn a_runs_validations_are_listed_newest_first_a_page_at_a_time() {
         serde_json::to_value(&recorded).expect("json"),
         "the superseded run's validations"
     );
+    // A validate of the superseded run is refused, and recorded as superseded each time.
+    for n in 1..=2 {
+        app.clock.advance(time::Duration::seconds(1));
+        let refused = app
+            .call(
+                Method::POST,
+                &validate,
+                Some(COLLECTOR),
+                Some(app.validate_body(0.3, 8000)),
+            )
+            .await;
+        assert_eq!(
+            (refused.status, refused.body["code"].as_str()),
+            (StatusCode::CONFLICT, Some("run_superseded")),
+            "{}",
+            refused.body
+        );
+        let reply = app
+            .call(Method::GET, &format!("{uri}?limit=1"), Some(VIEWER), None)
+            .await;
+        let newest = &reply.body["validations"][0];
+        assert_eq!(
+            (newest["outcome"].as_str(), newest["message"].as_str()),
+            (Some("superseded"), refused.body["message"].as_str()),
+            "{}",
+            reply.body
+        );
+        let all = app
+            .state
+            .registry
+            .store()
+            .list_resume_events(&run_id, 100)
+            .await
+            .expect("events");
+        assert_eq!(all.len(), recorded.len() + n, "one more each time");
+    }
 }
 
 #[tokio::test]

@@ -277,21 +277,16 @@ pub async fn validate(
             .blocking(move || parse_shallow_json_body(&body))
             .await?
     };
-    let (run, paths) = state.run(&run_id).await?;
-    let event = ResumeEvent {
-        event_id: recovery_sidecar::new_id(),
-        run_id: Some(run.run_id.clone()),
-        output_path: run.output_path.clone(),
-        at: state.registry.clock().now_text(),
-        outcome: String::new(),
-        message: String::new(),
-        reasons: vec![],
-        semantic_keys: vec![],
-        operational_keys: vec![],
-        saved_config_digest: Some(run.config_digest.clone()),
-        current_config_digest: None,
-        client: Some(caller.name.clone()),
+    let (run, paths) = match state.run(&run_id).await {
+        // A validate of a run another run took over is recorded as such, every time (the
+        // first one, which finds the takeover on disk, is recorded by the operation).
+        Err(error) if error.code == ErrorCode::RunSuperseded => {
+            record_superseded(&state, &run_id, &caller.name, &error).await?;
+            return Err(error);
+        }
+        found => found?,
     };
+    let event = new_resume_event(&state, &run, &caller.name);
     let work = state.clone();
     // Detached: a journal line and its rows are never split by a client that goes away.
     state
@@ -324,6 +319,45 @@ pub async fn validate(
         })
         .await
         .map(Json)
+}
+
+/// The resume event a validate of `run` is recorded with, its outcome still to be filled in.
+fn new_resume_event(state: &AppState, run: &RunRecord, client: &str) -> ResumeEvent {
+    ResumeEvent {
+        event_id: recovery_sidecar::new_id(),
+        run_id: Some(run.run_id.clone()),
+        output_path: run.output_path.clone(),
+        at: state.registry.clock().now_text(),
+        outcome: String::new(),
+        message: String::new(),
+        reasons: vec![],
+        semantic_keys: vec![],
+        operational_keys: vec![],
+        saved_config_digest: Some(run.config_digest.clone()),
+        current_config_digest: None,
+        client: Some(client.to_owned()),
+    }
+}
+
+/// Records a validate refused because its run was superseded (`error`), as every refusal is.
+async fn record_superseded(
+    state: &AppState,
+    run_id: &str,
+    client: &str,
+    error: &ApiError,
+) -> ApiResult<()> {
+    let store = state.registry.store();
+    let Some(run) = store.get_run(run_id).await? else {
+        return Ok(());
+    };
+    let mut event = new_resume_event(state, &run, client);
+    event.outcome = error.code.resume_outcome().into();
+    event.message = error.message.clone();
+    store
+        .insert_grouped(vec![recovery_store::GroupedRow::Resume(event)])
+        .await?;
+    metrics::counter!("rollout_recovery_validations_total", "outcome" => "superseded").increment(1);
+    Ok(())
 }
 
 async fn validate_inner(

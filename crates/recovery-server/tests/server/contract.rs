@@ -681,15 +681,47 @@ async fn refusals_of_the_whole_request_name_no_field() {
             "{text}"
         );
     }
+    // Token shapes made of name characters are no field name either (hostile review 31):
+    // `-`, `.` and capitals are in tokens, never in a field or parameter name.
+    for token in [
+        "Bearer%20SKEYQ77",
+        "sk-SKEYQ77abc",
+        "ghp_SKEYQ77AbCd",
+        "a.SKEYQ77",
+    ] {
+        for uri in [
+            format!("/drift?{token}=1"),
+            format!("/runs/{run_id}/validations?{token}=1"),
+        ] {
+            let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+            let text = reply.body.to_string();
+            assert_eq!(reply.body["code"], "invalid_request", "{uri}: {text}");
+            assert!(
+                !text.contains("SKEYQ77") && reply.body["details"].get("field").is_none(),
+                "{uri}: {text}"
+            );
+        }
+        let mut body = app.validate_body(0.3, 8000);
+        body[token.replace("%20", " ")] = json!(1);
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        let text = reply.body.to_string();
+        assert!(
+            !text.contains("SKEYQ77") && reply.body["details"].get("field").is_none(),
+            "{token}: {text}"
+        );
+    }
+    // A misspelt parameter is still named, for the caller to see what was wrong.
     let reply = app
-        .call(Method::GET, "/drift?Bearer%20SKEYQ77=1", Some(VIEWER), None)
+        .call(Method::GET, "/drift?run_idd=1", Some(VIEWER), None)
         .await;
-    let text = reply.body.to_string();
-    assert_eq!(reply.body["code"], "invalid_request", "{text}");
-    assert!(
-        !text.contains("SKEYQ77") && reply.body["details"].get("field").is_none(),
-        "{text}"
-    );
+    reply.assert_field_refused("run_idd", "run_idd");
     let reply = app
         .call(
             Method::GET,
