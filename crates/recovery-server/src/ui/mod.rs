@@ -392,6 +392,9 @@ async fn run(
     // the plan (indexed once per run) answers the cap and the states.
     let (record, paths) = match state.run_on_disk(&run_id).await {
         Ok(found) => found,
+        Err(error) if error.code == crate::error::ErrorCode::RunSuperseded => {
+            return superseded_run(&state, &visitor, &run_id, &error).await;
+        }
         Err(error) => return pages::api_error_page(&error, None),
     };
     let filter = query.state.as_deref().filter(|s| !s.is_empty());
@@ -424,6 +427,32 @@ async fn run(
         },
     )
     .into_response()
+}
+
+/// The page of a superseded run: its validations stay readable, as the API keeps them.
+async fn superseded_run(
+    state: &AppState,
+    visitor: &Visitor,
+    run_id: &str,
+    error: &crate::error::ApiError,
+) -> Response {
+    let store = state.registry.store();
+    let record = match store.get_run(run_id).await {
+        Ok(Some(record)) => record,
+        _ => return pages::api_error_page(error, None),
+    };
+    let Some(successor) = record.superseded_by.clone() else {
+        return pages::api_error_page(error, None);
+    };
+    // One more than are listed: the page says when older ones exist.
+    let mut history = store
+        .list_resume_events(run_id, HISTORY_ROWS as u32 + 1)
+        .await
+        .unwrap_or_default();
+    let older = history.len() > HISTORY_ROWS;
+    history.truncate(HISTORY_ROWS);
+    let now = state.registry.clock().now();
+    pages::superseded_run(visitor, now, &record, &successor, &history, older).into_response()
 }
 
 #[derive(Debug, Default, Deserialize)]

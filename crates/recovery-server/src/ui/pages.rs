@@ -11,7 +11,7 @@ use crate::routes::query::DriftPage;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use maud::{DOCTYPE, Markup, PreEscaped, html};
-use recovery_store::{Approval, AuditEntry};
+use recovery_store::{Approval, AuditEntry, RunRecord};
 use serde_json::Value;
 use time::OffsetDateTime;
 
@@ -443,33 +443,77 @@ pub fn run(visitor: &Visitor, now: OffsetDateTime, page: &RunPage<'_>) -> Markup
                     }
                 } }
             }
-            section aria-labelledby="history" {
-                h2 id="history" { "Validations and drift" }
-                div.scroll { table {
-                    caption { "This run's validations, newest first (drift: resumes across operational changes)" }
-                    thead { tr { th scope="col" { "When" } th scope="col" { "Outcome" } th scope="col" { "Keys" } th scope="col" { "Client" } } }
-                    tbody {
-                        @for e in &page.summary.history {
-                            tr {
-                                td { (when(&e.at, now)) }
-                                td { (e.outcome) }
-                                td.mono {
-                                    (e.operational_keys.join(", "))
-                                    @if !e.semantic_keys.is_empty() { " " (if e.outcome == "overridden" { "overridden" } else { "refused" }) ": " (e.semantic_keys.join(", ")) }
-                                    // A refusal that names no key (a changed source, an earlier override) says why.
-                                    @else if e.operational_keys.is_empty() && !e.reasons.is_empty() { "reasons: " (e.reasons.join(", ")) }
-                                }
-                                td { (e.client.as_deref().unwrap_or("")) }
+            (history_section(&run.run_id, &page.summary.history, page.summary.older_history, now))
+        },
+    )
+}
+
+/// A run's newest validations (and a link to its drift), with a note when older ones exist.
+fn history_section(
+    run_id: &str,
+    history: &[recovery_store::ResumeEvent],
+    older: bool,
+    now: OffsetDateTime,
+) -> Markup {
+    html! {
+        section aria-labelledby="history" {
+            h2 id="history" { "Validations and drift" }
+            div.scroll { table {
+                caption { "This run's validations, newest first (drift: resumes across operational changes)" }
+                thead { tr { th scope="col" { "When" } th scope="col" { "Outcome" } th scope="col" { "Keys" } th scope="col" { "Client" } } }
+                tbody {
+                    @for e in history {
+                        tr {
+                            td { (when(&e.at, now)) }
+                            td { (e.outcome) }
+                            td.mono {
+                                (e.operational_keys.join(", "))
+                                @if !e.semantic_keys.is_empty() { " " (if e.outcome == "overridden" { "overridden" } else { "refused" }) ": " (e.semantic_keys.join(", ")) }
+                                // A refusal that names no key (a changed source, an earlier override) says why.
+                                @else if e.operational_keys.is_empty() && !e.reasons.is_empty() { "reasons: " (e.reasons.join(", ")) }
                             }
+                            td { (e.client.as_deref().unwrap_or("")) }
                         }
-                        @if page.summary.history.is_empty() { tr { td colspan="4" { "None yet." } } }
                     }
-                } }
-                @if page.summary.older_history {
-                    p { "The " (super::HISTORY_ROWS) " newest validations are listed; older ones are recorded, and " code { "GET /runs/" (run.run_id) "/validations" } " pages through all of them." }
+                    @if history.is_empty() { tr { td colspan="4" { "None yet." } } }
                 }
-                p { a href={ "/ui/drift?run_id=" (url_encode(&run.run_id)) } { "This run's drift over time" } }
+            } }
+            @if older {
+                p { "The " (super::HISTORY_ROWS) " newest validations are listed; older ones are recorded, and " code { "GET /runs/" (run_id) "/validations" } " pages through all of them." }
             }
+            p { a href={ "/ui/drift?run_id=" (url_encode(run_id)) } { "This run's drift over time" } }
+        }
+    }
+}
+
+/// The page of a run another run took over: what it was, who owns its output now, and its
+/// validations (history stays readable; nothing can be done to the run any more).
+pub fn superseded_run(
+    visitor: &Visitor,
+    now: OffsetDateTime,
+    record: &RunRecord,
+    successor: &str,
+    history: &[recovery_store::ResumeEvent],
+    older: bool,
+) -> Markup {
+    layout(
+        Some(visitor),
+        &format!("Run {} (superseded)", record.run_id),
+        html! {
+            p.problem role="status" {
+                "This run was superseded: run "
+                a href={ "/ui/runs/" (url_encode(successor)) } { (successor) }
+                " owns its output now. Its history is kept."
+            }
+            section aria-labelledby="identity" {
+                h2 id="identity" { "Identity" }
+                dl {
+                    dt { "Output" } dd.mono { (record.output_path) }
+                    dt { "Config digest" } dd.mono { (record.config_digest) }
+                    dt { "Created" } dd { (when(&record.created_at, now)) }
+                }
+            }
+            (history_section(&record.run_id, history, older, now))
         },
     )
 }

@@ -562,3 +562,59 @@ async fn the_run_page_says_when_older_validations_exist_and_why_a_keyless_refusa
         "the newest, a refusal for the source, says why"
     );
 }
+
+#[tokio::test]
+async fn a_superseded_runs_page_names_the_run_that_owns_its_output_and_keeps_its_validations() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let viewer = sign_in(&app, VIEWER).await;
+    app.clock.advance(time::Duration::seconds(1));
+    let drifted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(app.validate_body(0.3, 8001)),
+        )
+        .await;
+    assert_eq!(
+        drifted.body["outcome"], "resume_with_drift",
+        "{}",
+        drifted.body
+    );
+    let mut replace = app.create_body();
+    replace["replace"] = json!(true);
+    let replaced = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(replace))
+        .await;
+    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    let successor = replaced.body["run_id"].as_str().expect("run id");
+
+    let page = visit(
+        &app,
+        Method::GET,
+        &format!("/ui/runs/{run_id}"),
+        Some(&viewer),
+        None,
+        &[],
+    )
+    .await;
+    assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+    assert!(
+        page.body
+            .contains(&format!("href=\"/ui/runs/{successor}\"")),
+        "links the run that owns the output now: {}",
+        page.body
+    );
+    let drift_key = drifted.body["operational_keys"][0].as_str().expect("key");
+    assert!(
+        page.body.contains("resume_with_drift") && page.body.contains(drift_key),
+        "the validation is listed: {}",
+        page.body
+    );
+    assert!(
+        !page.body.contains(&format!("action=\"/ui/runs/{run_id}/")),
+        "nothing can be done to a superseded run: {}",
+        page.body
+    );
+}
