@@ -229,13 +229,7 @@ impl AppState {
             .await?
             .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
         if let Some(successor) = &run.superseded_by {
-            return Err(ApiError::new(
-                ErrorCode::RunSuperseded,
-                format!(
-                    "run {run_id} was superseded by run {successor}, which now owns its output"
-                ),
-            )
-            .with_details(serde_json::json!({"superseded_by": successor})));
+            return Err(ApiError::superseded(run_id, successor));
         }
         let paths = self
             .registry
