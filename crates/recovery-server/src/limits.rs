@@ -201,8 +201,26 @@ pub fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     bounded(d, TEXT)
 }
 
+/// A path of a body (`output_path`, `source_path`). One that holds what reads as a credential
+/// (a URL with a password, `Bearer ...`, `api_key=...`), whole or in one of its components, is
+/// refused without being repeated: a path is said back in refusals and kept in records, and a
+/// secret never is (hostile review 31: a URL with its password, pasted as `source_path`, was
+/// answered and recorded).
 pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    bounded(d, PATH)
+    let path = bounded(d, PATH)?;
+    if holds_a_credential(&path) {
+        return Err(D::Error::custom(
+            "holds what reads as a credential (a URL with a password, an authorization header, \
+             a secret's assignment); it is not repeated, and not a path this service takes",
+        ));
+    }
+    Ok(path)
+}
+
+/// Whether redaction would change `path`, or one of its `/`-separated components.
+fn holds_a_credential(path: &str) -> bool {
+    use recovery_core::identity::redaction::redact_string;
+    redact_string(path) != path || path.split('/').any(|part| redact_string(part) != part)
 }
 
 pub fn opt_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {

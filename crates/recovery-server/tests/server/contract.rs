@@ -717,6 +717,56 @@ async fn refusals_of_the_whole_request_name_no_field() {
             "{token}: {text}"
         );
     }
+    // A path holding what reads as a credential is refused without being repeated, and the
+    // refusal is not recorded (hostile review 31: it was answered and kept in the record).
+    let recorded = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 1000)
+        .await
+        .expect("events")
+        .len();
+    for path in [
+        "https://user:SKEYQ77pw@host/x.jsonl",
+        "Bearer SKEYQ77",
+        "data/api_key=SKEYQ77/x.jsonl",
+    ] {
+        let mut body = app.validate_body(0.3, 8000);
+        body["source_path"] = json!(path);
+        let mut create = app.create_body();
+        create["output_path"] = json!(path);
+        for (uri, body, field) in [
+            (format!("/runs/{run_id}/validate"), body, "source_path"),
+            ("/runs".to_owned(), create, "output_path"),
+        ] {
+            let reply = app
+                .call(Method::POST, &uri, Some(COLLECTOR), Some(body))
+                .await;
+            let text = reply.body.to_string();
+            assert!(!text.contains("SKEYQ77"), "{uri} {path}: {text}");
+            reply.assert_field_refused(field, path);
+            assert!(
+                reply.body["message"].as_str().is_some_and(|m| m
+                    .starts_with(&format!("{field}: holds what reads as a credential (a URL"))
+                    && !m.contains("  ")),
+                "{text}"
+            );
+        }
+    }
+    let after = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 1000)
+        .await
+        .expect("events");
+    assert_eq!(
+        after.len(),
+        recorded,
+        "refusals of a request's reading are not recorded"
+    );
+    assert!(!format!("{after:?}").contains("SKEYQ77"));
     // A misspelt parameter is still named, for the caller to see what was wrong.
     let reply = app
         .call(Method::GET, "/drift?run_idd=1", Some(VIEWER), None)
