@@ -217,10 +217,15 @@ pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(path)
 }
 
-/// Whether redaction would change `path`, or one of its `/`-separated components.
+/// Whether redaction would change `path`, or a `/`-separated component that is an assignment
+/// (`api_key=...`; a sweep's `lr=0.1,seed=3` is none). Only a whole path is read as a header
+/// (`Bearer ...`): a directory called `basic runs` deep in a path is no credential.
 fn holds_a_credential(path: &str) -> bool {
     use recovery_core::identity::redaction::redact_string;
-    redact_string(path) != path || path.split('/').any(|part| redact_string(part) != part)
+    redact_string(path) != path
+        || path
+            .split('/')
+            .any(|part| part.contains('=') && redact_string(part) != part)
 }
 
 pub fn opt_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {

@@ -767,6 +767,25 @@ async fn refusals_of_the_whole_request_name_no_field() {
         "refusals of a request's reading are not recorded"
     );
     assert!(!format!("{after:?}").contains("SKEYQ77"));
+    // Paths that only look like settings are taken: a sweep's directory, a header's word.
+    for path in [
+        "data/lr=0.1,max_tokens=512/train.jsonl",
+        "data/basic runs/train.jsonl",
+    ] {
+        std::fs::create_dir_all(app.root.join(path).parent().expect("dir")).expect("dir");
+        std::fs::copy(app.source(), app.root.join(path)).expect("source");
+        let mut body = app.validate_body(0.3, 8000);
+        body["source_path"] = json!(app.root.join(path));
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+    }
     // A misspelt parameter is still named, for the caller to see what was wrong.
     let reply = app
         .call(Method::GET, "/drift?run_idd=1", Some(VIEWER), None)
