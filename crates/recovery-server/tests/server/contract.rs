@@ -717,8 +717,8 @@ async fn refusals_of_the_whole_request_name_no_field() {
             "{token}: {text}"
         );
     }
-    // A path holding what reads as a credential is refused without being repeated, and the
-    // refusal is not recorded (hostile review 31: it was answered and kept in the record).
+    // A path that is a URL, which may carry a credential, is refused without being repeated,
+    // and the refusal is not recorded (hostile review 31: it was answered and kept).
     let recorded = app
         .state
         .registry
@@ -729,8 +729,8 @@ async fn refusals_of_the_whole_request_name_no_field() {
         .len();
     for path in [
         "https://user:SKEYQ77pw@host/x.jsonl",
-        "Bearer SKEYQ77",
-        "data/api_key=SKEYQ77/x.jsonl",
+        "s3://bucket/x.jsonl?token=SKEYQ77",
+        "data/file://SKEYQ77/x.jsonl",
     ] {
         let mut body = app.validate_body(0.3, 8000);
         body["source_path"] = json!(path);
@@ -748,7 +748,7 @@ async fn refusals_of_the_whole_request_name_no_field() {
             reply.assert_field_refused(field, path);
             assert!(
                 reply.body["message"].as_str().is_some_and(|m| m
-                    .starts_with(&format!("{field}: holds what reads as a credential (a URL"))
+                    .starts_with(&format!("{field}: is a URL, not a file path"))
                     && !m.contains("  ")),
                 "{text}"
             );
@@ -767,10 +767,13 @@ async fn refusals_of_the_whole_request_name_no_field() {
         "refusals of a request's reading are not recorded"
     );
     assert!(!format!("{after:?}").contains("SKEYQ77"));
-    // Paths that only look like settings are taken: a sweep's directory, a header's word.
+    // Other paths are taken as sent, sweep directories among them (hostile review 32: a
+    // credential pattern refused `eos_token=eos`).
     for path in [
         "data/lr=0.1,max_tokens=512/train.jsonl",
+        "data/eos_token=eos,pad_token=0/train.jsonl",
         "data/basic runs/train.jsonl",
+        "data/user@cluster:8000/train.jsonl",
     ] {
         std::fs::create_dir_all(app.root.join(path).parent().expect("dir")).expect("dir");
         std::fs::copy(app.source(), app.root.join(path)).expect("source");
