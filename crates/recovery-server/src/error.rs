@@ -485,6 +485,19 @@ pub fn page_limit(limit: Option<u32>, default: u32) -> ApiResult<u32> {
     }
 }
 
+/// A keyset page from `rows`, read with one row more than `limit`: the rows of the page, and
+/// the encoded cursor of its last row when that extra row showed another one follows.
+pub fn keyset_page<T>(
+    mut rows: Vec<T>,
+    limit: u32,
+    cursor_of: impl Fn(&T) -> recovery_store::Cursor,
+) -> (Vec<T>, Option<String>) {
+    let more = rows.len() > limit as usize;
+    rows.truncate(limit as usize);
+    let next = more.then(|| rows.last().map(|last| cursor_of(last).encode()));
+    (rows, next.flatten())
+}
+
 /// `Json<T>` whose rejections answer in the API error shape (the serde message names the field).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApiJson<T>(pub T);

@@ -93,18 +93,13 @@ pub async fn audit(
 ) -> ApiResult<Json<AuditPage>> {
     caller.require(Role::Viewer)?;
     let mut filter = params.filter()?;
-    let limit = filter.limit as usize;
+    let limit = filter.limit;
     // One more than the page: a cursor is given only when another entry follows.
     filter.limit += 1;
-    let mut entries = state.registry.store().query_audit(&filter).await?;
-    let more = entries.len() > limit;
-    entries.truncate(limit);
-    let next_cursor = more.then(|| entries.last()).flatten().map(|last| {
-        Cursor {
-            at: last.at.clone(),
-            id: last.audit_id.clone(),
-        }
-        .encode()
+    let entries = state.registry.store().query_audit(&filter).await?;
+    let (entries, next_cursor) = crate::error::keyset_page(entries, limit, |last| Cursor {
+        at: last.at.clone(),
+        id: last.audit_id.clone(),
     });
     Ok(Json(AuditPage {
         entries,

@@ -350,13 +350,14 @@ async fn record_superseded(
     let Some(run) = store.get_run(run_id).await? else {
         return Ok(());
     };
+    let outcome = error.code.resume_outcome();
     let mut event = new_resume_event(state, &run, client);
-    event.outcome = error.code.resume_outcome().into();
+    event.outcome = outcome.into();
     event.message = error.message.clone();
     store
         .insert_grouped(vec![recovery_store::GroupedRow::Resume(event)])
         .await?;
-    metrics::counter!("rollout_recovery_validations_total", "outcome" => "superseded").increment(1);
+    metrics::counter!("rollout_recovery_validations_total", "outcome" => outcome).increment(1);
     Ok(())
 }
 
@@ -544,24 +545,15 @@ pub async fn list_runs(
     };
     let limit = crate::error::page_limit(params.limit, 100)?;
     // One more than the page: a cursor is given only when another run follows.
-    let mut runs = state
+    let runs = state
         .registry
         .store()
         .list_runs(limit + 1, cursor.as_ref())
         .await?;
-    let more = runs.len() > limit as usize;
-    runs.truncate(limit as usize);
-    let next_cursor = more
-        .then(|| {
-            runs.last().map(|r| {
-                Cursor {
-                    at: r.created_at.clone(),
-                    id: r.run_id.clone(),
-                }
-                .encode()
-            })
-        })
-        .flatten();
+    let (runs, next_cursor) = crate::error::keyset_page(runs, limit, |r| Cursor {
+        at: r.created_at.clone(),
+        id: r.run_id.clone(),
+    });
     Ok(Json(RunList { runs, next_cursor }))
 }
 
@@ -676,19 +668,14 @@ pub async fn list_validations(
     // A superseded run is history too: its validations stay readable after a replacement.
     state.known_run(&run_id).await?;
     // One more than the page: a cursor is given only when an older validation exists.
-    let mut validations = state
+    let validations = state
         .registry
         .store()
         .page_resume_events(&run_id, before.as_ref(), limit + 1)
         .await?;
-    let more = validations.len() > limit as usize;
-    validations.truncate(limit as usize);
-    let next_cursor = more.then(|| validations.last()).flatten().map(|last| {
-        Cursor {
-            at: last.at.clone(),
-            id: last.event_id.clone(),
-        }
-        .encode()
+    let (validations, next_cursor) = crate::error::keyset_page(validations, limit, |last| Cursor {
+        at: last.at.clone(),
+        id: last.event_id.clone(),
     });
     Ok(Json(ValidationPage {
         validations,

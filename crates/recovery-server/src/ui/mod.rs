@@ -334,15 +334,7 @@ async fn run_summary(
         Some(plan) => plan,
         None => plan_page(state, visitor, &run_id, None, Some(1), None).await,
     };
-    // One more than are listed: the page says when older ones exist.
-    let mut events = state
-        .registry
-        .store()
-        .list_resume_events(&run_id, HISTORY_ROWS as u32 + 1)
-        .await
-        .unwrap_or_default();
-    let older_history = events.len() > HISTORY_ROWS;
-    events.truncate(HISTORY_ROWS);
+    let (events, older_history) = newest_history(state, &run_id).await;
     RunSummary {
         history: events,
         older_history,
@@ -429,6 +421,22 @@ async fn run(
     .into_response()
 }
 
+/// A run's [`HISTORY_ROWS`] newest validations, and whether older ones exist (one more is read).
+async fn newest_history(
+    state: &AppState,
+    run_id: &str,
+) -> (Vec<recovery_store::ResumeEvent>, bool) {
+    let mut events = state
+        .registry
+        .store()
+        .list_resume_events(run_id, HISTORY_ROWS as u32 + 1)
+        .await
+        .unwrap_or_default();
+    let older = events.len() > HISTORY_ROWS;
+    events.truncate(HISTORY_ROWS);
+    (events, older)
+}
+
 /// The page of a superseded run: its validations stay readable, as the API keeps them.
 async fn superseded_run(
     state: &AppState,
@@ -444,13 +452,7 @@ async fn superseded_run(
     let Some(successor) = record.superseded_by.clone() else {
         return pages::api_error_page(error, None);
     };
-    // One more than are listed: the page says when older ones exist.
-    let mut history = store
-        .list_resume_events(run_id, HISTORY_ROWS as u32 + 1)
-        .await
-        .unwrap_or_default();
-    let older = history.len() > HISTORY_ROWS;
-    history.truncate(HISTORY_ROWS);
+    let (history, older) = newest_history(state, run_id).await;
     let now = state.registry.clock().now();
     pages::superseded_run(visitor, now, &record, &successor, &history, older).into_response()
 }
