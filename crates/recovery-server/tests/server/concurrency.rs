@@ -2426,3 +2426,53 @@ async fn concurrent_acquires_grant_and_audit_one_lease_and_its_release() {
         audit.body
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_validates_of_a_superseded_run_are_each_refused_and_recorded_once() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let mut replace = app.create_body();
+    replace["replace"] = json!(true);
+    let replaced = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(replace))
+        .await;
+    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    let before = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 1000)
+        .await
+        .expect("events")
+        .len();
+
+    let uri = format!("/runs/{run_id}/validate");
+    let requests = (0..16)
+        .map(|_| {
+            let body = app.validate_body(0.3, 8000);
+            (Method::POST, uri.clone(), COLLECTOR, body)
+        })
+        .collect();
+    for reply in all_at_once(&app, requests).await {
+        assert_eq!(
+            (reply.status, reply.body["code"].as_str()),
+            (StatusCode::CONFLICT, Some("run_superseded")),
+            "{}",
+            reply.body
+        );
+    }
+    let events = app
+        .state
+        .registry
+        .store()
+        .list_resume_events(&run_id, 1000)
+        .await
+        .expect("events");
+    let superseded: BTreeSet<&str> = events
+        .iter()
+        .filter(|e| e.outcome == "superseded")
+        .map(|e| e.event_id.as_str())
+        .collect();
+    assert_eq!(events.len(), before + 16, "one record per refusal");
+    assert_eq!(superseded.len(), 16, "each under its own id");
+}
