@@ -765,8 +765,9 @@ fn surrogate_hint(error: &serde_json::Error) -> &'static str {
 }
 
 /// serde's message without the text of a string it could not take (`invalid type: string
-/// "Bearer ...", expected a boolean`, `unknown variant `...``): a caller that put a token in
-/// the wrong field is told the field and what it takes, never shown the token again.
+/// "Bearer ...", expected a boolean`, `unknown variant `...``) or the name of an unknown key
+/// that does not read as a field name: a caller that put a token in the wrong place is told
+/// the field and what it takes, never shown the token again.
 pub fn without_quoted_value(said: String) -> String {
     static QUOTED: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
         // serde writes a string it could not take with Rust's escapes (`string "a\"b"`), a
@@ -774,7 +775,7 @@ pub fn without_quoted_value(said: String) -> String {
         regex::Regex::new(r#"string "(?:[^"\\]|\\.)*"|unknown variant `[^`]*`"#)
             .expect("static regex")
     });
-    QUOTED
+    let said = QUOTED
         .replace_all(&said, |found: &regex::Captures| {
             if found[0].starts_with("string") {
                 "a string"
@@ -782,7 +783,15 @@ pub fn without_quoted_value(said: String) -> String {
                 "unknown value"
             }
         })
-        .into_owned()
+        .into_owned();
+    // A nested object's unknown key (a classify `policy`'s) comes inside another message.
+    match said.find("unknown field `") {
+        Some(at) => match unknown_key_unrepeated(&said[at..]) {
+            Some(unnamed) => format!("{}{unnamed}", &said[..at]),
+            None => said,
+        },
+        None => said,
+    }
 }
 
 /// Whether a body field's value may be a secret, so that a refusal must not repeat it: the

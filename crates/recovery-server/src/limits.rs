@@ -208,18 +208,22 @@ pub fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 /// by pattern refused sweep directories (`eos_token=eos`) and still missed `Bearer ...` in a
 /// component (hostile review 32), so the README asks for no secrets in paths instead.
 pub fn path<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    let path = bounded(d, PATH)?;
+    not_a_url(bounded(d, PATH)?)
+}
+
+/// [`path`] for an optional one (a lease's `checkpoint_dir`).
+pub fn opt_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    bounded_opt(d, PATH)?.map(not_a_url).transpose()
+}
+
+fn not_a_url<E: serde::de::Error>(path: String) -> Result<String, E> {
     if path.contains("://") {
-        return Err(D::Error::custom(
+        return Err(E::custom(
             "is a URL, not a file path (a URL may carry a credential, so it is not repeated); \
              name a file under the service's roots",
         ));
     }
     Ok(path)
-}
-
-pub fn opt_path<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    bounded_opt(d, PATH)
 }
 
 pub fn line<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {

@@ -716,7 +716,29 @@ async fn refusals_of_the_whole_request_name_no_field() {
             !text.contains("SKEYQ77") && reply.body["details"].get("field").is_none(),
             "{token}: {text}"
         );
+        // Inside a classify policy, the key is refused naming the policy, not repeated
+        // (hostile review 32: the core's policy parser said it back).
+        let classify = json!({"rows": [], "policy": {token.replace("%20", " "): 1}});
+        let reply = app
+            .call(Method::POST, "/classify", Some(VIEWER), Some(classify))
+            .await;
+        let text = reply.body.to_string();
+        assert!(!text.contains("SKEYQ77"), "{token}: {text}");
+        reply.assert_field_refused("policy", "policy");
     }
+    // A misspelt policy key reads as a field name and is still named.
+    let classify = json!({"rows": [], "policy": {"schema_versionn": 1}});
+    let reply = app
+        .call(Method::POST, "/classify", Some(VIEWER), Some(classify))
+        .await;
+    reply.assert_field_refused("policy", "a misspelt policy key");
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown field `schema_versionn`")),
+        "{}",
+        reply.body
+    );
     // A path that is a URL, which may carry a credential, is refused without being repeated,
     // and the refusal is not recorded (hostile review 31: it was answered and kept).
     let recorded = app
@@ -736,9 +758,11 @@ async fn refusals_of_the_whole_request_name_no_field() {
         body["source_path"] = json!(path);
         let mut create = app.create_body();
         create["output_path"] = json!(path);
+        let lease = json!({"holder": "c", "host": "h", "pid": 1, "checkpoint_dir": path});
         for (uri, body, field) in [
             (format!("/runs/{run_id}/validate"), body, "source_path"),
             ("/runs".to_owned(), create, "output_path"),
+            (format!("/runs/{run_id}/lease"), lease, "checkpoint_dir"),
         ] {
             let reply = app
                 .call(Method::POST, &uri, Some(COLLECTOR), Some(body))
