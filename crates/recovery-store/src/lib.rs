@@ -815,9 +815,18 @@ impl Store {
     }
 
     fn run_from_row(row: &AnyRow) -> Result<RunRecord, StoreError> {
+        let superseded_by: Option<String> = row.try_get("superseded_by")?;
+        let mut output_path: String = row.try_get("output_path")?;
+        // The row keeps a superseded run under a suffixed path (an output has one current
+        // run); the record names the output it wrote (hostile review 32: the suffix showed).
+        if let Some(successor) = &superseded_by
+            && let Some(path) = output_path.strip_suffix(&format!("#superseded-by-{successor}"))
+        {
+            output_path = path.to_owned();
+        }
         Ok(RunRecord {
             run_id: row.try_get("run_id")?,
-            output_path: row.try_get("output_path")?,
+            output_path,
             source_digest: row.try_get("source_digest")?,
             materialized_digest: row.try_get("materialized_digest")?,
             config_digest: row.try_get("config_digest")?,
@@ -826,7 +835,7 @@ impl Store {
             max_rollout_attempts: row.try_get("max_rollout_attempts")?,
             created_at: row.try_get("created_at")?,
             updated_at: row.try_get("updated_at")?,
-            superseded_by: row.try_get("superseded_by")?,
+            superseded_by,
         })
     }
 

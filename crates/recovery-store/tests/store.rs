@@ -151,7 +151,27 @@ async fn runs_are_recorded_found_and_paged() {
         );
         let old = store.get_run("r1").await.expect("get").expect("kept");
         assert_eq!(old.superseded_by.as_deref(), Some("r3"));
-        assert_eq!(old.output_path, "/data/a.jsonl#superseded-by-r3");
+        // The record names the output it wrote; only the row keeps it apart.
+        assert_eq!(old.output_path, "/data/a.jsonl");
+        let found = store
+            .search_runs("/data/a.jsonl", 10, None)
+            .await
+            .expect("search");
+        let found: Vec<(&str, &str, Option<&str>)> = found
+            .iter()
+            .map(|r| {
+                (
+                    r.run_id.as_str(),
+                    r.output_path.as_str(),
+                    r.superseded_by.as_deref(),
+                )
+            })
+            .collect();
+        assert!(
+            found.contains(&("r1", "/data/a.jsonl", Some("r3")))
+                && found.contains(&("r3", "/data/a.jsonl", None)),
+            "{found:?}"
+        );
     })
     .await;
 }
@@ -1430,8 +1450,11 @@ async fn cached_runs_and_leases_are_what_the_database_holds_after_concurrent_wri
                 });
                 let stored: Option<(String, String, String, Option<String>, String)> =
                     sqlx::query_as(
-                        "SELECT run_id, output_path, config_digest, superseded_by, updated_at \
-                         FROM runs WHERE run_id = $1",
+                        // A superseded run's row keeps its output under a suffix its record
+                        // does not show.
+                        "SELECT run_id, CASE WHEN superseded_by IS NULL THEN output_path \
+                         ELSE replace(output_path, '#superseded-by-' || superseded_by, '') END, \
+                         config_digest, superseded_by, updated_at FROM runs WHERE run_id = $1",
                     )
                     .bind(&run_id)
                     .fetch_optional(&plain)

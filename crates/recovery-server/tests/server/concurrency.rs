@@ -503,6 +503,22 @@ async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_start
         old.body["details"]["superseded_by"].as_str(),
         Some(second.as_str())
     );
+    // The list shows both with the output they wrote (hostile review 32: the superseded one
+    // showed an internal `#superseded-by-...` suffix).
+    let listed = app.call(Method::GET, "/runs", Some(VIEWER), None).await;
+    let output = app.output().display().to_string();
+    for (run, successor) in [(&first, json!(second)), (&second, json!(null))] {
+        let record = listed.body["runs"]
+            .as_array()
+            .and_then(|runs| runs.iter().find(|r| r["run_id"] == json!(run)))
+            .unwrap_or_else(|| panic!("{run} listed: {}", listed.body));
+        assert_eq!(
+            (&record["output_path"], &record["superseded_by"]),
+            (&json!(output), &successor),
+            "{}",
+            listed.body
+        );
+    }
     // A Python collector starts fresh on the same output: a new manifest with a new run id.
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
     let mut python = saved_manifest(&app);
