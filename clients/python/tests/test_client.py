@@ -194,9 +194,12 @@ def test_rejudgment_admit_reopen_and_close(
     spec = new_run(tasks=1)
     lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
     client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0"])
+    answer = {"output": [{"type": "message"}], "status": "completed"}
     (line,) = append_jsonl(
-        spec.failures, [failure_row(spec.run_id, 0, _ng_failure_class="judge_failed")]
+        spec.failures,
+        [failure_row(spec.run_id, 0, _ng_failure_class="judge_failed", response=answer)],
     )
+    assert client.plan(spec.run_id).entries[0].state == "judge_recoverable"
 
     admitted = client.admit_rejudgment(spec.run_id, lease.lease_id, "0-0", 0, "failure-1", line)
     assert admitted.already_open is False
@@ -213,6 +216,9 @@ def test_rejudgment_admit_reopen_and_close(
     assert again.already_open is True
     assert again.operation_id == admitted.operation_id
 
+    # The re-judged outcome: the same attempt, naming the line it grades again.
+    append_jsonl(spec.output, [result_row(spec.run_id, 0, _ng_rejudge=admitted.marker())])
+    assert client.plan(spec.run_id).entries[0].state == "scored"
     client.close_rejudgment(spec.run_id, admitted.operation_id, lease.lease_id, "graded")
     manifest = client.get_run(spec.run_id).manifest
     assert manifest is not None

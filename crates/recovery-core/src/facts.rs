@@ -886,6 +886,9 @@ pub struct OutcomeFacts {
     pub invalid_judge_response: Json,
     /// `_ng_migrated_invalid_judge_response` is exactly `true`.
     pub migrated_invalid_judge: bool,
+    /// `_ng_rejudge.predecessor_sha256` when it is a string: the re-judged outcome names the
+    /// saved line it re-judges (the SHA-256 of its exact bytes, as the admission did).
+    pub rejudge_of: Option<String>,
     pub facts: RowFacts,
 }
 
@@ -917,6 +920,14 @@ impl<'de> MapFacts<'de> for OutcomeFacts {
             "invalid_judge_response" => self.invalid_judge_response = json(map)?,
             "_ng_migrated_invalid_judge_response" => {
                 self.migrated_invalid_judge = json(map)? == Json::Bool(true);
+            }
+            "_ng_rejudge" => {
+                let value = map.next_value::<Value>()?;
+                self.facts.rejudge = Json::deserialize(&value).unwrap_or_default();
+                self.rejudge_of = value
+                    .get("predecessor_sha256")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
             }
             _ => self.facts.entry(key, map)?,
         }

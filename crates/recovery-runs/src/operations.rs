@@ -537,18 +537,24 @@ impl Registry {
                 admission.attempt, admission.rollout_id
             )));
         }
-        let (failures, expected) = (run.paths().failures.clone(), sha256.clone());
+        // A judge failure is a failure row in the sidecar, or a result whose grade failed
+        // (`failure_kind: judge_unparseable`) in the results file: both are re-judged.
+        let files = [run.paths().failures.clone(), run.paths().output.clone()];
+        let expected = sha256.clone();
         let held = blocking(move || {
-            let lines = recovery_sidecar::read_lines(&failures)
-                .map_err(|e| io_failure("reading the failures sidecar", e))?;
-            Ok(lines
-                .iter()
-                .any(|line| recovery_core::canonical::sha256_hex(line) == expected))
+            for file in &files {
+                if holds_line_with_sha256(file, &expected)
+                    .map_err(|e| io_failure("reading the run's outcomes", e))?
+                {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
         })
         .await?;
         if !held {
             return Err(OpError::Invalid(
-                "predecessor_line: the failures sidecar holds no such line (send the saved line's exact bytes)".into(),
+                "predecessor_line: neither the failures sidecar nor the results file holds such a line (send the saved line's exact bytes)".into(),
             ));
         }
         let now = self.clock().now();
@@ -1936,4 +1942,28 @@ fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, Path
     }
     move_back(moved);
     let _ = std::fs::remove_file(&paths.replace_intent);
+}
+
+/// Whether a JSONL file holds a complete line whose exact bytes (without the newline) hash to
+/// `sha256`; read a line at a time (a results file may be gigabytes). A missing file holds none.
+fn holds_line_with_sha256(path: &Path, sha256: &str) -> std::io::Result<bool> {
+    use std::io::BufRead as _;
+    let file = match recovery_sidecar::open_regular(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        opened => opened?,
+    };
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(false);
+        }
+        // A torn final line is no saved line.
+        if let Some(bytes) = line.strip_suffix(b"\n")
+            && recovery_core::canonical::sha256_hex(bytes) == sha256
+        {
+            return Ok(true);
+        }
+    }
 }

@@ -1351,6 +1351,94 @@ async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
     (run_id, lease)
 }
 
+/// A crashed judge's rollout is graded again end to end: the re-judgment is admitted, the
+/// re-judged outcome is saved for the same attempt naming the line it re-judges
+/// (`_ng_rejudge.predecessor_sha256`), the plan counts it, and the re-judgment closes. The new
+/// outcome used to conflict with the judge failure, so such a run could never complete (gap
+/// review 34).
+#[tokio::test]
+async fn a_judge_failure_is_graded_again_and_the_new_grade_counts() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let plan = || async {
+        app.call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await
+    };
+    // Rollout 0-0's grade failed after the model answered: the answer is in the sidecar line.
+    std::fs::write(&paths.output, "").expect("results");
+    let judge_failed = json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
+        "_ng_failure_class": "judge_failed", "_ng_failure_terminal": false, "error": "judge timed out",
+        "response": {"output": [{"type": "message"}], "status": "completed"}})
+    .to_string();
+    std::fs::write(&paths.failures, format!("{judge_failed}\n")).expect("failures");
+    let before = plan().await;
+    assert_eq!(
+        before.body["entries"][0]["state"], "judge_recoverable",
+        "{}",
+        before.body
+    );
+    let admitted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_id": "0-0", "attempt": 0,
+                "predecessor_failure_id": "f-1", "predecessor_line": judge_failed})),
+        )
+        .await;
+    assert_eq!(admitted.status, StatusCode::CREATED, "{}", admitted.body);
+    let operation = admitted.body["operation_id"].as_str().expect("operation");
+    let sha = recovery_core::canonical::sha256_hex(judge_failed.as_bytes());
+    assert_eq!(admitted.body["predecessor_sha256"], json!(sha));
+    let graded = json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
+        "reward": 1.0, "response": {"output": [{"type": "message"}], "status": "completed"},
+        "_ng_rejudge": {"operation_id": operation, "predecessor_failure_id": "f-1", "predecessor_sha256": sha}});
+    std::fs::write(&paths.output, format!("{graded}\n")).expect("results");
+    let after = plan().await;
+    assert_eq!(after.status, StatusCode::OK, "{}", after.body);
+    assert_eq!(
+        (
+            &after.body["entries"][0]["state"],
+            &after.body["coverage"]["successful"]
+        ),
+        (&json!("scored"), &json!(1)),
+        "{}",
+        after.body
+    );
+    let closed = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments/{operation}/close"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "outcome": "graded"})),
+        )
+        .await;
+    assert_eq!(closed.status, StatusCode::NO_CONTENT, "{}", closed.body);
+    assert!(concurrency::saved_manifest(&app).pending_rejudge.is_empty());
+    assert_eq!(plan().await.body["entries"][0]["state"], "scored");
+    // A result whose grade failed is re-judged from the results file.
+    let unparseable = json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
+        "reward": 0.0, "failure_kind": "judge_unparseable", "response": {"output": [{"type": "message"}], "status": "completed"}})
+    .to_string();
+    std::fs::write(&paths.output, format!("{graded}\n{unparseable}\n")).expect("results");
+    let admitted = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 0,
+                "predecessor_failure_id": "r-1", "predecessor_line": unparseable})),
+        )
+        .await;
+    assert_eq!(admitted.status, StatusCode::CREATED, "{}", admitted.body);
+}
+
 #[tokio::test]
 async fn approvals_need_an_operator_and_an_eligible_attempt() {
     let app = TestApp::new().await;

@@ -471,6 +471,15 @@ class Rejudgment:
             raw=_raw(data),
         )
 
+    def marker(self) -> dict[str, str]:
+        """The ``_ng_rejudge`` value the re-judged outcome carries: saved for the same attempt
+        with it, the outcome takes the judge failure's place in the plan."""
+        return {
+            "operation_id": self.operation_id,
+            "predecessor_failure_id": self.predecessor_failure_id,
+            "predecessor_sha256": self.predecessor_sha256,
+        }
+
 
 @dataclass(frozen=True)
 class Approval:

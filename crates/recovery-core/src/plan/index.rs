@@ -114,6 +114,8 @@ pub struct OutcomeRow {
     failure_terminal: bool,
     invalid_judge_response: bool,
     migrated_invalid_judge: bool,
+    /// The SHA-256 of the saved line this outcome re-judges (`_ng_rejudge.predecessor_sha256`).
+    rejudge_of: Option<Box<str>>,
     classified: Classified,
 }
 
@@ -152,6 +154,7 @@ impl OutcomeRow {
             invalid_judge_response: row.invalid_judge_response.truthy(),
             migrated_invalid_judge: row.migrated_invalid_judge
                 && row.failure_class.as_ref().and_then(Value::as_str) == Some("judge_invalid"),
+            rejudge_of: row.rejudge_of.map(String::into_boxed_str),
             identity: row.identity,
             attempt: row.attempt,
             run_id: row.run_id,
@@ -172,7 +175,17 @@ struct Outcome {
     fingerprint: Option<[u8; 32]>,
     failure_class: Option<Box<str>>,
     migrated_invalid_judge: bool,
+    rejudge_of: Option<Box<str>>,
     classified: Classified,
+}
+
+/// How two different payloads for one attempt relate (see [`RunIndex::rejudge_link`]).
+enum RejudgeLink {
+    /// The new line re-judges the attempt's outcome: it takes its place.
+    Successor,
+    /// The attempt's outcome re-judges the new line: the line is history.
+    Predecessor,
+    Unrelated,
 }
 
 /// A manifest's reservations by inventory position (`0`: none), checked against the inventory.
@@ -547,15 +560,22 @@ impl RunIndex {
             });
         }
         if let Some(previous) = earlier {
-            if !self.same_payload(previous, artifact, at, source)? {
-                return Err(PlanError::Conflict {
+            if self.same_payload(previous, artifact, at, source)? {
+                return Ok(());
+            }
+            return match self.rejudge_link(previous, artifact, at, &row, source)? {
+                RejudgeLink::Successor => {
+                    self.supersede(previous, artifact, at, failure_class, row);
+                    Ok(())
+                }
+                RejudgeLink::Predecessor => Ok(()),
+                RejudgeLink::Unrelated => Err(PlanError::Conflict {
                     artifact,
                     line,
                     rollout: self.rollout_id(position),
                     attempt,
-                });
-            }
-            return Ok(());
+                }),
+            };
         }
         self.insert(position, artifact, at, attempt, failure_class, row);
         Ok(())
@@ -644,8 +664,68 @@ impl RunIndex {
             fingerprint: None,
             failure_class: failure_class.map(String::into_boxed_str),
             migrated_invalid_judge: row.migrated_invalid_judge,
+            rejudge_of: row.rejudge_of,
             classified: row.classified,
         });
+    }
+
+    /// How the line at `at` (parsed as `row`) and the attempt's outcome `earlier`, two different
+    /// payloads for one attempt, are related by a re-judgment: the re-judged outcome names the
+    /// SHA-256 of its predecessor's exact bytes (as its admission did), and the predecessor is
+    /// a judge failure on a saved answer. The sidecar is read before the results file, so
+    /// either may come first.
+    fn rejudge_link(
+        &self,
+        earlier: u32,
+        artifact: Artifact,
+        at: LineAt,
+        row: &OutcomeRow,
+        source: &mut dyn LineSource,
+    ) -> Result<RejudgeLink, PlanError> {
+        let previous = &self.outcomes[earlier];
+        let sha_of = |artifact: Artifact, at: LineAt, source: &mut dyn LineSource| {
+            source
+                .read_line(artifact, at)
+                .map(|bytes| crate::canonical::sha256_hex(trim_newline(&bytes)))
+                .map_err(|message| PlanError::Unreadable {
+                    artifact,
+                    line: at.line,
+                    message,
+                })
+        };
+        if let Some(named) = &row.rejudge_of
+            && previous.classified.verdict == RowVerdict::Rejudge
+            && **named == sha_of(previous.artifact, previous.at, source)?
+        {
+            return Ok(RejudgeLink::Successor);
+        }
+        if let Some(named) = &previous.rejudge_of
+            && row.classified.verdict == RowVerdict::Rejudge
+            && **named == sha_of(artifact, at, source)?
+        {
+            return Ok(RejudgeLink::Predecessor);
+        }
+        Ok(RejudgeLink::Unrelated)
+    }
+
+    /// The re-judged outcome at `at` takes its predecessor's place as the attempt's outcome.
+    /// Counts stay: a failure is counted once per attempt, and the predecessor's was.
+    fn supersede(
+        &mut self,
+        earlier: u32,
+        artifact: Artifact,
+        at: LineAt,
+        failure_class: Option<String>,
+        row: OutcomeRow,
+    ) {
+        let outcome = &mut self.outcomes[earlier];
+        outcome.artifact = artifact;
+        outcome.at = at;
+        outcome.fingerprint = None;
+        outcome.failure_class = failure_class.map(String::into_boxed_str);
+        outcome.migrated_invalid_judge = row.migrated_invalid_judge;
+        outcome.rejudge_of = row.rejudge_of;
+        outcome.classified = row.classified;
     }
 
     /// Counted failures of a rollout under the run's timeout opt-in.

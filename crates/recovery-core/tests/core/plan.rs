@@ -14,6 +14,7 @@ use std::collections::BTreeSet;
 
 const RUN: &str = "0123456789abcdef0123456789abcdef";
 
+#[derive(Clone)]
 struct Run {
     manifest: RunManifest,
     inventory: Vec<Value>,
@@ -741,6 +742,93 @@ fn plan_states_cover_zero_counted_judge_recoverable_and_unclassified_failures() 
         c.successful + c.failed + c.intentionally_omitted + c.unknown
     );
     assert_eq!(c.successful, c.measured + c.masked + c.unscored);
+}
+
+/// A re-judged outcome names the line it re-judges (`_ng_rejudge.predecessor_sha256`: the
+/// SHA-256 of that line's exact bytes, as the admission took it) and takes its place as the
+/// attempt's outcome, in either file and whichever file is read first; naming another line, or
+/// a predecessor that was no judge failure, is the conflict it always was.
+#[test]
+fn a_rejudged_outcome_takes_the_place_of_the_judge_failure_it_names() {
+    let answer = json!({"response": {"output": [{}], "status": "completed"}});
+    let judge_failed = merge(failed("judge_failed"), answer.clone());
+    let line = |task: i64, payload: &Value| merge(outcome(task, 0), payload.clone()).to_string();
+    let sha = |text: &str| recovery_core::canonical::sha256_hex(text.as_bytes());
+    let rejudge = |of: &str| json!({"_ng_rejudge": {"operation_id": "0".repeat(32), "predecessor_failure_id": "f-1", "predecessor_sha256": of}});
+    let unparseable = merge(scored(), json!({"failure_kind": "judge_unparseable"}));
+    let failed_again = merge(judge_failed.clone(), rejudge(&sha(&line(1, &unparseable))));
+    let run = Run::new(4)
+        // The sidecar's judge failure, graded again: a scored result.
+        .failure(0, 0, judge_failed.clone())
+        .result(
+            0,
+            0,
+            merge(scored(), rejudge(&sha(&line(0, &judge_failed)))),
+        )
+        // A result whose grade failed, graded again and failed again: the sidecar (read first)
+        // holds the successor, the results file its predecessor.
+        .failure(1, 0, failed_again.clone())
+        .result(1, 0, unparseable.clone())
+        // Re-judged with the answer kept as a masked result.
+        .failure(2, 0, judge_failed.clone())
+        .result(
+            2,
+            0,
+            merge(
+                merge(scored(), json!({"mask_sample": true})),
+                rejudge(&sha(&line(2, &judge_failed))),
+            ),
+        )
+        // Not re-judged yet.
+        .failure(3, 0, judge_failed.clone());
+    let plan = run.default_plan();
+    assert_eq!(
+        states(&plan),
+        [
+            PlanState::Scored,
+            PlanState::JudgeRecoverable,
+            PlanState::Masked,
+            PlanState::JudgeRecoverable
+        ]
+    );
+    assert_eq!(
+        (plan.coverage.successful, plan.entries[0].latest_attempt),
+        (2, Some(0))
+    );
+    // The one that failed again, graded a third time: it names the second.
+    let third = run.clone().result(
+        1,
+        0,
+        merge(scored(), rejudge(&sha(&line(1, &failed_again)))),
+    );
+    assert_eq!(third.default_plan().entries[1].state, PlanState::Scored);
+    // Naming a line that is not the attempt's outcome, or re-judging a scored result.
+    for (predecessor, successor) in [
+        (
+            judge_failed.clone(),
+            merge(scored(), rejudge(&"a".repeat(64))),
+        ),
+        (
+            scored(),
+            merge(
+                json!({"reward": 0.0, "response": {"status": "completed"}}),
+                rejudge(&sha(&line(0, &scored()))),
+            ),
+        ),
+    ] {
+        let artifact_of = |p: &Value| p.get("_ng_failure_class").is_some();
+        let mut run = Run::new(1);
+        run = if artifact_of(&predecessor) {
+            run.failure(0, 0, predecessor)
+        } else {
+            run.result(0, 0, predecessor)
+        };
+        let run = run.result(0, 0, successor);
+        assert!(matches!(
+            run.plan(Budget::default(), &BTreeSet::new()),
+            Err(PlanError::Conflict { .. })
+        ));
+    }
 }
 
 #[test]

@@ -256,19 +256,23 @@ pub struct AdmitRejudgeRequest {
     #[serde(deserialize_with = "crate::limits::id")]
     #[schema(min_length = 1, max_length = 256)]
     pub predecessor_failure_id: String,
-    /// The predecessor failure line exactly as saved (its SHA-256 is recorded).
+    /// The judge failure's line exactly as saved, in the failures sidecar or the results file
+    /// (its SHA-256 is recorded; the re-judged outcome names it in
+    /// `_ng_rejudge.predecessor_sha256`).
     #[serde(deserialize_with = "crate::limits::line")]
     #[schema(max_length = 1048576)]
     pub predecessor_line: String,
 }
 
 /// Admit a judge-only re-judgment before its judge call (lease holder). Admitting the same
-/// predecessor again answers the open re-judgment (200).
+/// predecessor again answers the open re-judgment (200). Save the re-judged outcome for the
+/// same attempt with `_ng_rejudge: {operation_id, predecessor_failure_id, predecessor_sha256}`:
+/// it takes the judge failure's place in the plan.
 #[utoipa::path(post, path = "/runs/{run_id}/rejudgments", tag = "rejudgments", request_body = AdmitRejudgeRequest,
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 201, body = recovery_store::Rejudgment, description = "Admitted"), (status = 200, body = recovery_store::Rejudgment, description = "Already admitted for this predecessor"),
         (status = 409, description = "Another re-judgment of this attempt is open, or lease_not_held", body = ApiErrorBody),
-        (status = 422, description = "Bad id, unreserved attempt, or a predecessor line the failures sidecar does not hold", body = ApiErrorBody),
+        (status = 422, description = "Bad id, unreserved attempt, or a predecessor line neither the failures sidecar nor the results file holds", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn admit_rejudgment(
     State(state): State<AppState>,

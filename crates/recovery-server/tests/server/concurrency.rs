@@ -59,7 +59,7 @@ fn many_rows(count: usize) -> Value {
     )
 }
 
-fn saved_manifest(app: &TestApp) -> recovery_core::manifest::RunManifest {
+pub(crate) fn saved_manifest(app: &TestApp) -> recovery_core::manifest::RunManifest {
     let bytes = std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
         .expect("manifest");
     recovery_core::manifest::RunManifest::from_json_bytes(&bytes).expect("readable manifest")
