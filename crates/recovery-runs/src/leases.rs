@@ -47,6 +47,9 @@ pub enum LeaseError {
     Store(#[from] StoreError),
     #[error("background lock work failed: {0}")]
     Join(String),
+    /// Another run took the run's output over (found once its `flock` was held).
+    #[error("run {run_id} was superseded by run {successor}, which owns its output now")]
+    Superseded { run_id: String, successor: String },
 }
 
 /// A lease just granted: its record (which keeps the digest of its id) and the id itself, the
@@ -338,6 +341,7 @@ impl Leases {
                 }
                 _ => {
                     // The database forgot our lease (taken over elsewhere): grant afresh.
+                    self.refuse_superseded(&request.run_id).await?;
                     let granted = self.store.try_acquire_lease(lease, &now).await?;
                     if granted.lease_id != lease.lease_id {
                         self.held().remove(&request.run_id);
@@ -353,6 +357,7 @@ impl Leases {
             };
         }
         let lock = self.take_locks(request).await?;
+        self.refuse_superseded(&request.run_id).await?;
         let granted = self.store.try_acquire_lease(lease, &now).await?;
         if granted.lease_id != lease.lease_id && !self.was_ours(&granted) {
             // Another replica's live lease, and its flock is free: that replica stopped, not
@@ -377,6 +382,23 @@ impl Leases {
         self.record_locks(request, lease).await?;
         self.audit_acquired(request, lease).await?;
         Ok(granting)
+    }
+
+    /// Refuses a run another run took the output of. Checked with the run's `flock` held: a
+    /// replacement supersedes the run while it holds that `flock`, so a request that passed the
+    /// route's check just before a replacement is refused here, rather than leasing the old
+    /// run and holding the new run's lock with it (hostile review 33).
+    async fn refuse_superseded(&self, run_id: &str) -> Result<(), LeaseError> {
+        match self.store.get_run(run_id).await? {
+            Some(record) => match record.superseded_by {
+                Some(successor) => Err(LeaseError::Superseded {
+                    run_id: run_id.to_owned(),
+                    successor,
+                }),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
     }
 
     async fn audit_acquired(
@@ -812,6 +834,7 @@ impl Leases {
         let lease = &granting.lease;
         if self.held_entry(&request.run_id).is_none() {
             let lock = self.take_locks(request).await?;
+            self.refuse_superseded(&request.run_id).await?;
             self.held().insert(
                 request.run_id.clone(),
                 Held {
@@ -820,6 +843,8 @@ impl Leases {
                     lock: Arc::new(lock),
                 },
             );
+        } else {
+            self.refuse_superseded(&request.run_id).await?;
         }
         let previous = self.store.replace_lease(lease).await?;
         if let Some(entry) = self.held().get_mut(&request.run_id) {

@@ -422,6 +422,10 @@ impl From<recovery_runs::LeaseError> for ApiError {
             LeaseError::NotHolder { .. } => Self::lease_not_held(format!("lease_id: {error}")),
             LeaseError::Store(e) => e.into(),
             LeaseError::Join(_) => Self::internal("the lease", error),
+            LeaseError::Superseded {
+                ref run_id,
+                ref successor,
+            } => Self::superseded(run_id, successor),
         }
     }
 }

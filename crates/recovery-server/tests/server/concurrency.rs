@@ -421,6 +421,105 @@ async fn changes_are_refused_while_a_python_collector_owns_the_run_lock() {
     );
 }
 
+/// A lease asked for a run while it is replaced never outlives the replacement: collectors
+/// acquiring and releasing the old run in a loop while an operator replaces it get leases
+/// before, `run_superseded` after, and the new run's collector gets its run (hostile review
+/// 33: an acquire that passed the route's check just before the replacement leased the old
+/// run, holding the new run's lock with it; a takeover too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_racing_a_replacement_never_holds_the_new_runs_lock() {
+    let app = TestApp::new().await;
+    let old = app.create().await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let loops: Vec<_> = (0..6)
+        .map(|n| {
+            let (state, old, stop) = (app.state.clone(), old.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut granted = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let acquire = json!({"holder": format!("looper-{n}"), "host": "h", "pid": n, "ttl_seconds": 60});
+                    let reply = send(
+                        state.clone(),
+                        Method::POST,
+                        &format!("/runs/{old}/lease"),
+                        Some(COLLECTOR),
+                        Some(acquire.to_string()),
+                    )
+                    .await;
+                    if let Some(lease) = reply.body["lease_id"].as_str() {
+                        granted += 1;
+                        send(
+                            state.clone(),
+                            Method::DELETE,
+                            &format!("/runs/{old}/lease"),
+                            Some(COLLECTOR),
+                            Some(json!({"lease_id": lease}).to_string()),
+                        )
+                        .await;
+                    } else if reply.body["code"] == "run_superseded" {
+                        return granted;
+                    }
+                }
+                granted
+            })
+        })
+        .collect();
+    let mut body = app.create_body();
+    body["replace"] = json!(true);
+    let new = loop {
+        let reply = app
+            .call(Method::POST, "/runs", Some(OPERATOR), Some(body.clone()))
+            .await;
+        if reply.status == StatusCode::CREATED {
+            break reply.body["run_id"].as_str().expect("id").to_owned();
+        }
+        assert_eq!(reply.body["code"], "run_locked", "{}", reply.body);
+    };
+    // Every looper sees the replacement (its next acquire is refused) unless stopped.
+    for task in loops {
+        tokio::time::timeout(std::time::Duration::from_secs(60), task)
+            .await
+            .expect("a looper saw the replacement")
+            .expect("looper");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let leased = app.lease(&new, "new-collector").await;
+    assert_eq!(leased.status, StatusCode::CREATED, "{}", leased.body);
+    // The lease manager itself refuses the old run once it holds the flock: a request that
+    // passed the route's check just before the replacement (acquire and takeover alike).
+    app.call(
+        Method::DELETE,
+        &format!("/runs/{new}/lease"),
+        Some(COLLECTOR),
+        Some(json!({"lease_id": leased.body["lease_id"]})),
+    )
+    .await;
+    let request = recovery_runs::leases::LeaseRequest {
+        actor: "alice".into(),
+        run_id: old.clone(),
+        holder: "late".into(),
+        host: "h".into(),
+        pid: 1,
+        ttl: time::Duration::MINUTE,
+        lock_paths: vec![recovery_sidecar::SidecarPaths::for_output(&app.output()).run_lock],
+    };
+    let acquired = app.state.leases.acquire(&request).await;
+    assert!(
+        matches!(&acquired, Err(recovery_runs::leases::LeaseError::Superseded { successor, .. }) if *successor == new),
+        "{acquired:?}"
+    );
+    let taken = app.state.leases.takeover("alice", "r", &request).await;
+    assert!(
+        matches!(
+            &taken,
+            Err(recovery_runs::leases::LeaseError::Superseded { .. })
+        ),
+        "{taken:?}"
+    );
+    let leased = app.lease(&new, "new-collector").await;
+    assert_eq!(leased.status, StatusCode::CREATED, "{}", leased.body);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_replacements_in_one_second_keep_every_saved_result_and_a_manifest() {
     let app = TestApp::new().await;
