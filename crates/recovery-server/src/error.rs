@@ -1085,9 +1085,16 @@ pub async fn refuse_query(
         .and_then(|query| form_urlencoded::parse(query.as_bytes()).next())
         .map(|(name, _)| name.into_owned());
     match first {
-        Some(name) => ApiError::invalid_field(
+        Some(name) if reads_as_field_name(&name) => ApiError::invalid_field(
             &name,
             format!("{name}: unknown query parameter (this operation takes none)"),
+        )
+        .into_response(),
+        // A name no parameter could have may be a pasted token: not repeated (hostile review
+        // 33), as the lists' refusals do.
+        Some(_) => ApiError::new(
+            ErrorCode::InvalidRequest,
+            "unknown query parameter (its name is not repeated; this operation takes none)",
         )
         .into_response(),
         None => next.run(request).await,

@@ -689,9 +689,13 @@ async fn refusals_of_the_whole_request_name_no_field() {
         "ghp_SKEYQ77AbCd",
         "a.SKEYQ77",
     ] {
+        // Lists, and operations that take no parameters (hostile review 33: those named it).
         for uri in [
             format!("/drift?{token}=1"),
             format!("/runs/{run_id}/validations?{token}=1"),
+            format!("/runs/{run_id}?{token}=1"),
+            format!("/runs/{run_id}/lease?{token}=1"),
+            format!("/runs/{run_id}/approvals?{token}=1"),
         ] {
             let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
             let text = reply.body.to_string();
@@ -701,6 +705,21 @@ async fn refusals_of_the_whole_request_name_no_field() {
                 "{uri}: {text}"
             );
         }
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate?{token}=1"),
+                Some(COLLECTOR),
+                Some(app.validate_body(0.3, 8000)),
+            )
+            .await;
+        let text = reply.body.to_string();
+        assert!(
+            reply.body["code"] == "invalid_request"
+                && !text.contains("SKEYQ77")
+                && reply.body["details"].get("field").is_none(),
+            "validate?{token}: {text}"
+        );
         let mut body = app.validate_body(0.3, 8000);
         body[token.replace("%20", " ")] = json!(1);
         let reply = app
@@ -726,6 +745,16 @@ async fn refusals_of_the_whole_request_name_no_field() {
         assert!(!text.contains("SKEYQ77"), "{token}: {text}");
         reply.assert_field_refused("policy", "policy");
     }
+    // A parameter named like one is still named, where none is taken too.
+    let reply = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}?verbose=1"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    reply.assert_field_refused("verbose", "a parameter of an operation that takes none");
     // A misspelt policy key reads as a field name and is still named.
     let classify = json!({"rows": [], "policy": {"schema_versionn": 1}});
     let reply = app
