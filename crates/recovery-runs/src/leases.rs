@@ -23,6 +23,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// How long a replica waits for another to let go of a run's `flock` after the database ended
+/// that replica's lease (a takeover, a release or an expiry elsewhere): each replica lets go
+/// at its next lease sweep (every second), so two sweeps and a margin.
+pub const HANDOFF_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+const HANDOFF_POLL: std::time::Duration = std::time::Duration::from_millis(25);
+
 /// Why a lease operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
@@ -356,7 +362,23 @@ impl Leases {
                 }
             };
         }
-        let lock = self.take_locks(request).await?;
+        let lock = match self.take_locks(request).await {
+            Err(LeaseError::Locked(LockError::Owned(path)))
+                if self.replica_may_hold(request, &path) =>
+            {
+                // Another replica holds the run's flock: for a live lease, which is named as
+                // any holder is (hostile review 33: it read as a process outside the service);
+                // for one that expired, until that replica's sweep lets go.
+                match self.store.get_lease(&request.run_id).await? {
+                    Some(live) if live.expires_at > now => {
+                        return Err(LeaseError::Held(Box::new(live)));
+                    }
+                    Some(_) => self.wait_for_handoff(request).await?,
+                    None => return Err(LeaseError::Locked(LockError::Owned(path))),
+                }
+            }
+            taken => taken?,
+        };
         self.refuse_superseded(&request.run_id).await?;
         let granted = self.store.try_acquire_lease(lease, &now).await?;
         if granted.lease_id != lease.lease_id && !self.was_ours(&granted) {
@@ -382,6 +404,83 @@ impl Leases {
         self.record_locks(request, lease).await?;
         self.audit_acquired(request, lease).await?;
         Ok(granting)
+    }
+
+    /// Whether the `flock` found held at `path` may be another replica's: the run's own lock,
+    /// among replicas sharing the database.
+    fn replica_may_hold(&self, request: &LeaseRequest, path: &Path) -> bool {
+        self.shares_database() && path == request.run_lock()
+    }
+
+    /// Takes a run over from the replica holding its `flock` for a lease recorded in the
+    /// database: that lease is replaced by `lease` first (so the replica lets go at its next
+    /// sweep), then the locks are taken once it has. A run no lease records is held by a
+    /// process outside the service: refused as before. When the replica does not let go in
+    /// time, the new lease is ended again and the takeover refused; the previous one stays
+    /// ended (hostile review 33: a takeover at the replica without the lock always failed).
+    async fn take_over_from_replica(
+        &self,
+        request: &LeaseRequest,
+        lease: &Lease,
+        path: PathBuf,
+        replaced: &mut Option<Option<Lease>>,
+    ) -> Result<RunLock, LeaseError> {
+        if self.store.get_lease(&request.run_id).await?.is_none() {
+            return Err(LeaseError::Locked(LockError::Owned(path)));
+        }
+        *replaced = Some(self.store.replace_lease(lease).await?);
+        match self.wait_for_handoff(request).await {
+            Ok(lock) => Ok(lock),
+            Err(e) => {
+                self.store
+                    .release_lease(&request.run_id, &lease.lease_id)
+                    .await?;
+                Err(e)
+            }
+        }
+    }
+
+    /// The run's locks, once the replica holding them for a lease the database ended (taken
+    /// over, released or expired elsewhere) has let go: it does at its next lease sweep. Polled,
+    /// as nothing tells a waiter when a `flock` is released; at most [`HANDOFF_WAIT`].
+    async fn wait_for_handoff(&self, request: &LeaseRequest) -> Result<RunLock, LeaseError> {
+        let deadline = tokio::time::Instant::now() + HANDOFF_WAIT;
+        loop {
+            match self.take_locks(request).await {
+                Err(LeaseError::Locked(LockError::Owned(path)))
+                    if path == request.run_lock() && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(HANDOFF_POLL).await;
+                }
+                taken => return taken,
+            }
+        }
+    }
+
+    /// After a lease another replica holds the locks of was released here: waits until that
+    /// replica has let go of `paths` (at its next sweep), so that a collector started after
+    /// the release finds the run free (hostile review 33: the lock stayed held up to 5 s).
+    /// Read from the kernel's lock table without taking the locks; at most [`HANDOFF_WAIT`]
+    /// (a process outside the service that took a file meanwhile keeps it).
+    async fn wait_until_let_go(&self, paths: Vec<PathBuf>) {
+        let deadline = tokio::time::Instant::now() + HANDOFF_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            let probe = paths.clone();
+            let held = tokio::task::spawn_blocking(move || {
+                probe.iter().any(|p| {
+                    recovery_sidecar::flock_held_elsewhere(p)
+                        .ok()
+                        .flatten()
+                        .unwrap_or(false)
+                })
+            })
+            .await
+            .unwrap_or(false);
+            if !held {
+                return;
+            }
+            tokio::time::sleep(HANDOFF_POLL).await;
+        }
     }
 
     /// Refuses a run another run took the output of. Checked with the run's `flock` held: a
@@ -693,6 +792,12 @@ impl Leases {
             Some((_, run_lock)) => Some(self.local.lock(&run_lock).await),
             None => None,
         };
+        // Another replica's lease: the files it holds, to see them let go.
+        let elsewhere = if self.shares_database() && self.held_entry(run_id).is_none() {
+            self.store.lease_locks(run_id, lease_id).await?
+        } else {
+            Vec::new()
+        };
         let ended = self.store.end_lease(run_id, lease_id).await?;
         self.forget(run_id, lease_id);
         let Some(lease) = ended else {
@@ -700,7 +805,12 @@ impl Leases {
         };
         let details =
             serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid});
-        Ok(self.audit(actor, "lease.released", run_id, details).await?)
+        self.audit(actor, "lease.released", run_id, details).await?;
+        if !elsewhere.is_empty() {
+            self.wait_until_let_go(elsewhere.into_iter().map(PathBuf::from).collect())
+                .await;
+        }
+        Ok(())
     }
 
     /// Ends our lease of a run when it has expired (or was taken over by another replica):
@@ -832,9 +942,26 @@ impl Leases {
         self.end_if_expired(&request.run_id).await?;
         let granting = Granted::new(|digest| self.lease_for(request, digest));
         let lease = &granting.lease;
+        // `Some` once the lease was replaced in the database (taken from another replica).
+        let mut replaced = None;
         if self.held_entry(&request.run_id).is_none() {
-            let lock = self.take_locks(request).await?;
-            self.refuse_superseded(&request.run_id).await?;
+            let lock = match self.take_locks(request).await {
+                Err(LeaseError::Locked(LockError::Owned(path)))
+                    if self.replica_may_hold(request, &path) =>
+                {
+                    self.take_over_from_replica(request, lease, path, &mut replaced)
+                        .await?
+                }
+                taken => taken?,
+            };
+            if let Err(superseded) = self.refuse_superseded(&request.run_id).await {
+                if replaced.is_some() {
+                    self.store
+                        .release_lease(&request.run_id, &lease.lease_id)
+                        .await?;
+                }
+                return Err(superseded);
+            }
             self.held().insert(
                 request.run_id.clone(),
                 Held {
@@ -846,7 +973,10 @@ impl Leases {
         } else {
             self.refuse_superseded(&request.run_id).await?;
         }
-        let previous = self.store.replace_lease(lease).await?;
+        let previous = match replaced {
+            Some(ended) => ended,
+            None => self.store.replace_lease(lease).await?,
+        };
         if let Some(entry) = self.held().get_mut(&request.run_id) {
             entry.lease_id = lease.lease_id.clone();
         }

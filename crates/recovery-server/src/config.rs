@@ -149,7 +149,9 @@ impl ServerConfig {
             default_max_attempts: 3,
             default_lease_ttl: Duration::from_secs(60),
             max_lease_ttl: Duration::from_secs(3600),
-            sweep_interval: Duration::from_secs(5),
+            // Among replicas a lease ended elsewhere is let go at this replica's next sweep,
+            // and others wait for that (`recovery_runs::leases::HANDOFF_WAIT`).
+            sweep_interval: Duration::from_secs(1),
             drift_policy: DriftPolicy::default(),
             replica: format!("{}-{}", hostname(), std::process::id()),
         }

@@ -1999,6 +1999,76 @@ async fn a_lease_is_renewed_at_either_replica_and_never_granted_away_when_its_re
     assert!(!actions.contains(&"lease.orphaned"), "{actions:?}");
 }
 
+/// Two running replicas on one PostgreSQL database, calls reaching the one without the run's
+/// lock (hostile review 33): an acquire during the other's live lease is refused naming its
+/// holder (it read as a process outside the service); an operator's takeover there ends that
+/// lease and holds the lock once the other replica let go (it always failed 423); a release
+/// at the replica without the lock answers once the lock is let go, so a Python collector
+/// started right after finds the run free (the lock outlived the release by up to 5 s).
+#[tokio::test]
+async fn calls_reaching_the_replica_without_the_runs_lock_hand_it_over() {
+    let database = ScratchDatabase::create(&mut Rng::new(seed()));
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let (first, second) = start_replicas(dir.path(), &root, &database, ["replica-a", "replica-b"]);
+    let client = reqwest::Client::new();
+    let run_id = super::create_run(&client, &first, &root, &root.join("exp/out.jsonl")).await;
+    let lock = root.join("exp/out_run.lock");
+    let acquire =
+        |holder: &str| json!({"holder": holder, "host": "node", "pid": 1, "ttl_seconds": 600});
+    let lease_path = format!("/runs/{run_id}/lease");
+    let (status, lease) = post(&client, &first, &lease_path, acquire("collector-1")).await;
+    assert_eq!(status, 201, "{lease}");
+    let (status, refused) = post(&client, &second, &lease_path, acquire("collector-2")).await;
+    assert_eq!(
+        (status, &refused["details"]["holder"]["holder"]),
+        (423, &json!("collector-1")),
+        "{refused}"
+    );
+    let (status, taken) = super::call(
+        &client,
+        &second,
+        reqwest::Method::POST,
+        &format!("/runs/{run_id}/lease/takeover"),
+        OPERATOR,
+        Some(json!({"holder": "collector-2", "host": "node", "pid": 2, "reason": "stuck", "ttl_seconds": 600})),
+    )
+    .await;
+    assert_eq!(
+        status, 201,
+        "a takeover at the replica without the lock: {taken}"
+    );
+    assert_eq!(
+        super::probe(&lock),
+        "blocked",
+        "the new lease holds the lock"
+    );
+    let (status, refused) = post(
+        &client,
+        &first,
+        &format!("/runs/{run_id}/lease/heartbeat"),
+        json!({"lease_id": lease["lease_id"]}),
+    )
+    .await;
+    assert_eq!(status, 409, "the previous lease ended: {refused}");
+    let (status, released) = super::call(
+        &client,
+        &first,
+        reqwest::Method::DELETE,
+        &lease_path,
+        COLLECTOR,
+        Some(json!({"lease_id": taken["lease_id"]})),
+    )
+    .await;
+    assert_eq!(status, 204, "{released}");
+    assert_eq!(
+        super::probe(&lock),
+        "acquired",
+        "once a release answered, the run's lock is free"
+    );
+}
+
 async fn post(client: &reqwest::Client, server: &Server, path: &str, body: Value) -> (u16, Value) {
     super::call(
         client,
