@@ -670,6 +670,33 @@ impl Leases {
         Ok(adopted)
     }
 
+    /// Ends the leases of ours that expired while the service was down (a sweep ends those
+    /// that expire while it runs), audited `lease.expired` as a sweep audits them (hostile
+    /// review 33: their rows stayed and no audit said they ended). Call at the start, before
+    /// any lease is granted; returns them.
+    pub async fn end_expired_while_down(&self) -> Result<Vec<Lease>, LeaseError> {
+        let mut ended = Vec::new();
+        for lease in self
+            .store
+            .expired_leases_of_any_replica(&self.clock.now_text())
+            .await?
+        {
+            if !self.was_ours(&lease) || self.held_entry(&lease.run_id).is_some() {
+                continue;
+            }
+            // Conditional: a replica ending the same lease meanwhile audits it instead.
+            if self
+                .store
+                .release_lease(&lease.run_id, &lease.lease_id)
+                .await?
+            {
+                self.audit("system", "lease.expired", &lease.run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expired_at": lease.expires_at})).await?;
+                ended.push(lease);
+            }
+        }
+        Ok(ended)
+    }
+
     /// Renews a live lease for another TTL; `lease_id` as its holder presents it.
     pub async fn heartbeat(
         &self,

@@ -899,6 +899,50 @@ async fn calls_asked_of_the_replica_without_the_lock_hand_it_over() {
     );
 }
 
+/// A lease that expired while its service was down is ended at the next start and audited
+/// as a sweep would have (hostile review 33: its row stayed, no `lease.expired` ever said it
+/// ended); a lease still live is left to its collector.
+#[tokio::test]
+async fn a_lease_that_expired_while_the_service_was_down_is_ended_and_audited_at_the_start() {
+    let root = tempfile::tempdir().expect("root");
+    let store = sqlite_store(root.path()).await;
+    let clock = Arc::new(ManualClock::new(time::OffsetDateTime::now_utc()));
+    let before = Leases::new(store.clone(), clock.clone(), "replica-a");
+    before
+        .acquire(&request(root.path(), "collector-a", 2))
+        .await
+        .expect("granted");
+    let mut other = request(root.path(), "collector-b", 600);
+    other.run_id = "run-2".into();
+    other.lock_paths = vec![root.path().join("two_run.lock")];
+    before.acquire(&other).await.expect("granted");
+    // The service stops; the short lease expires meanwhile.
+    drop(before);
+    clock.advance(time::Duration::seconds(3));
+    let after = Leases::new(store.clone(), clock.clone(), "replica-a");
+    let ended = after.end_expired_while_down().await.expect("start");
+    assert_eq!(
+        ended.iter().map(|l| l.holder.as_str()).collect::<Vec<_>>(),
+        ["collector-a"]
+    );
+    assert!(store.get_lease("run-1").await.expect("row").is_none());
+    assert!(store.get_lease("run-2").await.expect("row").is_some());
+    let audit = store.list_audit(Some("run-1"), 10).await.expect("audit");
+    assert_eq!(
+        audit.iter().filter(|a| a.action == "lease.expired").count(),
+        1,
+        "{audit:?}"
+    );
+    assert!(
+        after
+            .end_expired_while_down()
+            .await
+            .expect("again")
+            .is_empty(),
+        "ended once"
+    );
+}
+
 const PYTHON_HOLDER: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\nfcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nprint('locked', flush=True)\nsys.stdin.read()\n";
 const PYTHON_PROBE: &str = "import fcntl, sys\nf = open(sys.argv[1], 'a+b')\ntry:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n    print('acquired')\nexcept BlockingIOError:\n    print('blocked')\n";
 

@@ -398,6 +398,16 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         tracing::warn!(path, reason, "unreadable sidecar left as it is");
     }
     let leases = registry.leases().clone();
+    match leases.end_expired_while_down().await {
+        Ok(ended) => {
+            for lease in ended {
+                tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expired_at = %lease.expires_at, "a lease expired while the service was down; ended");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "leases that expired while the service was down could not be ended")
+        }
+    }
     // Live leases survive a restart: their collectors keep the runs they were granted.
     adopt_live_leases(&registry).await;
     Ok(AppState::new(state::Shared {

@@ -1793,6 +1793,17 @@ impl Store {
         rows.iter().map(Self::lease_from_row).collect()
     }
 
+    /// Leases of any replica past their expiry at `now` that no sweep ended (their service
+    /// was down when they expired).
+    pub async fn expired_leases_of_any_replica(&self, now: &str) -> Result<Vec<Lease>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM leases WHERE expires_at <= $1",
+            Self::LEASE_COLUMNS
+        );
+        let rows = sqlx::query(&sql).bind(now).fetch_all(&self.pool).await?;
+        rows.iter().map(Self::lease_from_row).collect()
+    }
+
     /// Makes `replica` the holder of a live lease's locks (it took them again after the
     /// replica that held them stopped); `false` when the lease ended meanwhile.
     pub async fn adopt_lease(
