@@ -17,9 +17,11 @@ from rollout_recovery_client import (
     Manifest,
     Plan,
     RecoveryClient,
+    ResumeRefusedError,
     RetryPolicy,
     RunCreated,
     RunView,
+    referenced_environment,
 )
 from support import (
     RunSpec,
@@ -27,6 +29,7 @@ from support import (
     append_jsonl,
     bundle,
     failure_row,
+    input_rows,
     make_run,
     masked_row,
     new_output,
@@ -126,6 +129,33 @@ def test_validate_reuse_drift_and_override(
     first = client.validations(spec.run_id, limit=2)
     assert [v.event_id for v in first.validations] == [v.event_id for v in recorded[:2]]
     assert first.next_cursor is not None
+
+
+def test_environment_a_configuration_names_is_sent_so_a_changed_value_is_refused(
+    client: RecoveryClient, root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``${oc.env:NAME,default}`` took its default when nothing was sent, so a resume after
+    NAME changed was reused (gap review 34); the client now sends what the tree names."""
+    monkeypatch.setenv("RR_CLIENT_TEST_PROMPT", "grade strictly")
+    monkeypatch.setenv("RR_CLIENT_TEST_API_KEY", "sk-never-sent")
+    output, source = new_output(root, "env")
+    config, tree = bundle()
+    agent = tree["agent"]["responses_api_agents"]["simple_agent"]
+    agent["review_prompt"] = "${oc.env:RR_CLIENT_TEST_PROMPT,default prompt}"
+    agent["api_key"] = "${oc.env:RR_CLIENT_TEST_API_KEY}"
+    assert referenced_environment(config, tree) == {"RR_CLIENT_TEST_PROMPT": "grade strictly"}
+    rows = input_rows(1)
+    run_id = client.create_run(output, source, config, tree, rows).run_id
+    assert client.validate(run_id, config, tree, source, rows).outcome == "reuse"
+    monkeypatch.setenv("RR_CLIENT_TEST_PROMPT", "grade leniently")
+    with pytest.raises(ResumeRefusedError) as refused:
+        client.validate(run_id, config, tree, source, rows)
+    assert [k.rsplit(".", 1)[-1] for k in refused.value.keys] == ["review_prompt"]
+    # An explicit mapping is sent as it is (here: the value the run was created with).
+    again = client.validate(
+        run_id, config, tree, source, rows, environment={"RR_CLIENT_TEST_PROMPT": "grade strictly"}
+    )
+    assert again.outcome == "reuse"
 
 
 def test_lease_operations(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:

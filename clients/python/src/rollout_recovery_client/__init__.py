@@ -17,6 +17,7 @@ from .completion import (
     has_only_intentional_gaps,
     incomplete_error,
 )
+from .environment import is_credential_name, referenced_environment
 from .errors import (
     ERROR_CLASSES,
     ConflictError,
@@ -155,4 +156,6 @@ __all__ = [
     "guard_run",
     "has_only_intentional_gaps",
     "incomplete_error",
+    "is_credential_name",
+    "referenced_environment",
 ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from .environment import referenced_environment
 from .errors import (
     LeaseLostError,
     OverloadedError,
@@ -373,6 +374,10 @@ class RecoveryClient:
         """Create a run (``POST /runs``): its manifest, saved identity and materialized inputs
         (``rows``; when ``None`` the materialized-inputs file beside the output is used).
 
+        ``environment`` defaults to the variables the configuration's ``${oc.env:...}``
+        references name, as this process has them (:func:`referenced_environment`); pass a
+        mapping to send exactly that.
+
         Raises ``RunExistsError`` (its ``run_id`` names the run) when a manifest exists.
         """
         body: dict[str, Any] = {
@@ -383,7 +388,9 @@ class RecoveryClient:
         }
         if rows is not None:
             body["rows"] = [dict(r) for r in rows]
-        if environment is not None:
+        if environment is None:
+            environment = referenced_environment(config, global_config)
+        if environment:
             body["environment"] = dict(environment)
         if max_rollout_attempts is not None:
             body["max_rollout_attempts"] = max_rollout_attempts
@@ -435,7 +442,8 @@ class RecoveryClient:
     ) -> ValidateResult:
         """The pre-flight before (re)starting a run: reuse, resume across operational drift
         (journalled), ``overridden``; a refusal raises ``ResumeRefusedError`` naming the
-        semantic keys. Not retried after it was sent: a replay would journal a drift twice."""
+        semantic keys. Not retried after it was sent: a replay would journal a drift twice.
+        ``environment`` defaults as :meth:`create_run`'s does."""
         body: dict[str, Any] = {
             "config": dict(config),
             "global_config": dict(global_config),
@@ -443,7 +451,9 @@ class RecoveryClient:
         }
         if rows is not None:
             body["rows"] = [dict(r) for r in rows]
-        if environment is not None:
+        if environment is None:
+            environment = referenced_environment(config, global_config)
+        if environment:
             body["environment"] = dict(environment)
         if lease_id is not None:
             body["lease_id"] = lease_id
