@@ -95,6 +95,7 @@ def test_validate_reuse_drift_and_override(
     reuse = client.validate(spec.run_id, spec.config, spec.global_config, spec.source, spec.rows)
     assert reuse.outcome == "reuse"
     assert reuse.reuse
+    assert reuse.rows_compared is True
     assert reuse.operational_keys == []
     assert reuse.drift_event_id is None
 
@@ -102,6 +103,7 @@ def test_validate_reuse_drift_and_override(
     drifted_tree["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = 8001
     drift = client.validate(spec.run_id, spec.config, drifted_tree, spec.source)
     assert drift.drifted
+    assert drift.rows_compared is False
     assert drift.operational_keys == [
         "servers.agent.responses_api_agents.simple_agent.sandbox_port"
     ]

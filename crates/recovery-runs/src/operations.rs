@@ -1049,6 +1049,29 @@ impl Registry {
             ))
     }
 
+    /// Keeps a resume's opt-in to retrying terminal timeouts in the manifest: a collection
+    /// setting outside the identity (changing it is no drift), given on a resume and kept for
+    /// every later one (facts §17, scenario 37; gap review 34: a resume's opt-in was ignored).
+    /// Never taken back by a resume without it. Audited.
+    async fn keep_timeout_opt_in(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        actor: &str,
+        manifest: &mut RunManifest,
+    ) -> Result<(), OpError> {
+        manifest.retry_terminal_timeouts = true;
+        self.write_manifest(run, manifest, None).await?;
+        self.audit(
+            actor,
+            "run.retry_terminal_timeouts",
+            Some(run_id),
+            serde_json::json!({"retry_terminal_timeouts": true}),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// One validation in a section; `None` when the verdict needs the exclusive section.
     async fn validate_in(
         &self,
@@ -1093,14 +1116,38 @@ impl Registry {
             semantic_keys: vec![],
             manifest,
         };
+        // A resume that opts in to retrying terminal timeouts keeps the opt-in in the manifest
+        // (written in the exclusive section).
+        let actor = record
+            .event
+            .as_ref()
+            .and_then(|event| event.client.clone())
+            .unwrap_or_else(|| "system".to_owned());
+        let opting_in = |manifest: &RunManifest| {
+            !manifest.retry_terminal_timeouts && opts_in_to_timeout_retries(&request.config)
+        };
         match verdict {
-            ResumeVerdict::Reuse { manifest } => {
+            ResumeVerdict::Reuse { mut manifest } => {
+                if opting_in(&manifest) {
+                    let Section::Exclusive(run) = section else {
+                        return Ok(None);
+                    };
+                    self.keep_timeout_opt_in(run, run_id, &actor, &mut manifest)
+                        .await?;
+                }
                 Ok(Some(resumed("reuse", Some(manifest.to_value()))))
             }
             ResumeVerdict::ResumeWithDrift {
-                manifest,
+                mut manifest,
                 operational_keys,
             } => {
+                if opting_in(&manifest) {
+                    let Section::Exclusive(run) = section else {
+                        return Ok(None);
+                    };
+                    self.keep_timeout_opt_in(run, run_id, &actor, &mut manifest)
+                        .await?;
+                }
                 let (digest, keys, resume) = (&config_digest, &operational_keys, &mut record.event);
                 let drift = match section {
                     Section::Shared(run) => {
@@ -1132,13 +1179,16 @@ impl Registry {
                 Err(RunFilesError::ManifestUnreadable(message).into())
             }
             ResumeVerdict::Overridden {
-                manifest,
+                mut manifest,
                 message,
                 mismatches,
             } => {
                 let Section::Exclusive(run) = section else {
                     return Ok(None);
                 };
+                if opting_in(&manifest) {
+                    manifest.retry_terminal_timeouts = true;
+                }
                 self.write_manifest(run, &manifest, None).await?;
                 tracing::warn!(
                     run_id,
@@ -1155,7 +1205,11 @@ impl Registry {
                 let Section::Exclusive(run) = section else {
                     return Ok(None);
                 };
-                let manifest = self.import_legacy(run, run_id).await?;
+                let mut manifest = self.import_legacy(run, run_id).await?;
+                if opting_in(&manifest) {
+                    self.keep_timeout_opt_in(run, run_id, &actor, &mut manifest)
+                        .await?;
+                }
                 tracing::warn!(
                     run_id,
                     "saved outcomes without a manifest imported as legacy"
@@ -1966,4 +2020,18 @@ fn holds_line_with_sha256(path: &Path, sha256: &str) -> std::io::Result<bool> {
             return Ok(true);
         }
     }
+}
+
+/// Whether a resume's collection settings opt in to retrying terminal timeouts
+/// (`retry_terminal_timeouts: true`). Read only when the text names the setting: the fast path
+/// of a validate never parses its configuration.
+fn opts_in_to_timeout_retries(config: &serde_json::value::RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct OptIn {
+        #[serde(default)]
+        retry_terminal_timeouts: Option<Value>,
+    }
+    config.get().contains("retry_terminal_timeouts")
+        && serde_json::from_str::<OptIn>(config.get())
+            .is_ok_and(|o| o.retry_terminal_timeouts == Some(Value::Bool(true)))
 }

@@ -1351,6 +1351,79 @@ async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
     (run_id, lease)
 }
 
+/// A resume opts in to retrying terminal timeouts with the collection setting
+/// `retry_terminal_timeouts: true` (facts §17, scenario 37): no drift, the manifest keeps the
+/// opt-in (a later resume without it too), the plan retries the terminal timeout, and the
+/// opt-in is audited once (gap review 34: a resume's opt-in was ignored). The answer says
+/// whether rows were compared.
+#[tokio::test]
+async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let timeout = json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
+        "_ng_failure_class": "timeout_exceeded", "_ng_failure_terminal": true, "error": "deadline"});
+    std::fs::write(&paths.output, "").expect("results");
+    std::fs::write(&paths.failures, format!("{timeout}\n")).expect("failures");
+    let plan = || async {
+        app.call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await
+        .body["entries"][0]["state"]
+            .clone()
+    };
+    assert_eq!(plan().await, "terminal");
+    let uri = format!("/runs/{run_id}/validate");
+    let validate = |body: Value| app.call(Method::POST, &uri, Some(COLLECTOR), Some(body));
+    let mut body = app.validate_body(0.3, 8000);
+    body["lease_id"] = json!(lease);
+    let plain = validate(body.clone()).await;
+    assert_eq!(
+        (&plain.body["outcome"], &plain.body["rows_compared"]),
+        (&json!("reuse"), &json!(false)),
+        "{}",
+        plain.body
+    );
+    body["config"]["retry_terminal_timeouts"] = json!(true);
+    let opted = validate(body.clone()).await;
+    assert_eq!(opted.body["outcome"], "reuse", "{}", opted.body);
+    assert_eq!(opted.body["manifest"]["retry_terminal_timeouts"], true);
+    assert!(concurrency::saved_manifest(&app).retry_terminal_timeouts);
+    assert_eq!(plan().await, "retryable");
+    // Kept by a later resume that does not repeat it; audited once.
+    body["config"]
+        .as_object_mut()
+        .expect("config")
+        .remove("retry_terminal_timeouts");
+    body["rows"] = rows();
+    let later = validate(body).await;
+    assert_eq!(
+        (&later.body["outcome"], &later.body["rows_compared"]),
+        (&json!("reuse"), &json!(true)),
+        "{}",
+        later.body
+    );
+    assert!(concurrency::saved_manifest(&app).retry_terminal_timeouts);
+    let audit = app
+        .call(
+            Method::GET,
+            &format!("/audit?run_id={run_id}&action=run.retry_terminal_timeouts"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        audit.body["entries"].as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        audit.body
+    );
+}
+
 /// A crashed judge's rollout is graded again end to end: the re-judgment is admitted, the
 /// re-judged outcome is saved for the same attempt naming the line it re-judges
 /// (`_ng_rejudge.predecessor_sha256`), the plan counts it, and the re-judgment closes. The new

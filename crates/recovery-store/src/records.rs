@@ -215,11 +215,12 @@ pub struct AuditFilter {
 
 /// Every action the audit log records (a closed list: a filter on another is refused, and an
 /// entry of another is a bug, asserted in debug builds).
-pub const AUDIT_ACTIONS: [&str; 17] = [
+pub const AUDIT_ACTIONS: [&str; 18] = [
     "run.created",
     "run.replace",
     "run.superseded",
     "run.import_legacy",
+    "run.retry_terminal_timeouts",
     "lease.acquired",
     "lease.released",
     "lease.takeover",

@@ -326,6 +326,9 @@ class ValidateResult:
     raw: Raw = field(repr=False)
     #: The semantic keys an ``overridden`` resume accepted (empty for every other outcome).
     semantic_keys: list[str] = field(default_factory=list)
+    #: Whether the rows sent were compared with the saved materialized inputs (``False`` when
+    #: none were sent: the saved ones were taken as current).
+    rows_compared: bool = False
 
     @property
     def reuse(self) -> bool:
@@ -347,6 +350,7 @@ class ValidateResult:
             manifest=_opt_manifest(data, "manifest"),
             raw=_raw(data),
             semantic_keys=_str_list(data, "semantic_keys"),
+            rows_compared=data.get("rows_compared") is True,
         )
 
 

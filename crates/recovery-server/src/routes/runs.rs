@@ -247,6 +247,9 @@ pub struct ValidateResponse {
     pub semantic_keys: Vec<String>,
     pub drift_event_id: Option<String>,
     pub config_digest: String,
+    /// Whether the request's `rows` were compared with the saved materialized inputs; `false`
+    /// when none were sent (the saved ones were taken as current).
+    pub rows_compared: bool,
     #[schema(value_type = Option<Object>)]
     pub manifest: Option<Value>,
 }
@@ -388,6 +391,7 @@ async fn validate_inner(
     state
         .check_lease(paths, &run_id, lease_id.as_deref())
         .await?;
+    let rows_compared = request.rows.is_some();
     // Moved, never copied: the rows may be megabytes.
     let resume = ResumeRequest {
         config: request.config,
@@ -428,6 +432,7 @@ async fn validate_inner(
                 semantic_keys: resumed.semantic_keys,
                 drift_event_id: resumed.drift_event_id,
                 config_digest: config_digest.unwrap_or_default(),
+                rows_compared,
                 manifest: resumed.manifest,
             })
         }

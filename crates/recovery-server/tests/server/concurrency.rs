@@ -193,6 +193,54 @@ async fn concurrent_reservations_hand_out_each_number_once_and_every_one_reaches
     );
 }
 
+/// Concurrent resumes opting in to retrying terminal timeouts, half of them across drift:
+/// each answered, the manifest keeps the opt-in (written once, under the run's lock), one
+/// audit entry, and every drift journalled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_resumes_opting_in_to_timeout_retries_write_it_once() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let requests = (0..12)
+        .map(|n| {
+            let mut body = app.validate_body(0.3, if n % 2 == 0 { 8000 } else { 8100 + n });
+            body["config"]["retry_terminal_timeouts"] = json!(true);
+            (
+                Method::POST,
+                format!("/runs/{run_id}/validate"),
+                COLLECTOR,
+                body,
+            )
+        })
+        .collect();
+    let replies = all_at_once(&app, requests).await;
+    for reply in &replies {
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert_eq!(reply.body["manifest"]["retry_terminal_timeouts"], true);
+    }
+    assert!(saved_manifest(&app).retry_terminal_timeouts);
+    let audit = app
+        .state
+        .registry
+        .store()
+        .list_audit(Some(&run_id), 100)
+        .await
+        .expect("audit");
+    assert_eq!(
+        audit
+            .iter()
+            .filter(|a| a.action == "run.retry_terminal_timeouts")
+            .count(),
+        1,
+        "{audit:?}"
+    );
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    assert_eq!(
+        journal_ids(&run_id, &paths).len(),
+        6,
+        "every drift journalled"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_admissions_of_one_rejudgment_open_it_once() {
     let app = TestApp::new().await;
