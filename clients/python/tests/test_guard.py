@@ -3,6 +3,7 @@ across an operational change (journalled drift), refused across a semantic chang
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,7 +14,13 @@ from pathlib import Path
 import pytest
 
 import collector as example
-from rollout_recovery_client import RecoveryClient, ResumeRefusedError, RunRecord, guard_run
+from rollout_recovery_client import (
+    RecoveryClient,
+    ResumeRefusedError,
+    RunExistsError,
+    RunRecord,
+    guard_run,
+)
 from support import (
     Service,
     bundle,
@@ -57,6 +64,36 @@ def test_guard_creates_a_fresh_run_and_holds_its_lease(client: RecoveryClient, r
         assert not again.created
         assert again.run_id == run_id
         assert again.outcome == "reuse"
+
+
+def test_guard_imports_an_output_without_a_manifest_only_with_allow_unsafe(
+    client: RecoveryClient, root: Path
+) -> None:
+    """A NeMo Gym output from before manifests (materialized inputs and saved results) is
+    imported as a legacy run when the collector accepts an unverified identity, as the Python
+    module's ``allow_unsafe_resume`` does; the saved answer is kept (gap review 34)."""
+    output, source = new_output(root, "legacy")
+    config, tree = bundle(limit=2)
+    rows = input_rows(2)
+    materialized = output.with_name(output.stem + "_materialized_inputs.jsonl")
+    materialized.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    saved: dict[str, object] = {"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0}
+    saved["response"] = {"output": [{"type": "message"}], "status": "completed"}
+    output.write_text(json.dumps(saved) + "\n", encoding="utf-8")
+    with (
+        pytest.raises(RunExistsError) as refused,
+        guard_run(client, output, config, tree, rows, source),
+    ):
+        pass
+    assert refused.value.run_id is None
+    assert "import_legacy" in str(refused.value)
+    with guard_run(client, output, config, tree, rows, source, allow_unsafe=True) as guard:
+        assert guard.outcome == "overridden"
+        assert [e.state for e in guard.iter_plan()] == ["scored", "missing"]
+        assert guard.reserve(["1-0"]) == {"1-0": 0}
+    manifest = client.get_run(guard.run_id).manifest
+    assert manifest is not None
+    assert manifest.raw["legacy_import"] is True
 
 
 def test_create_kill_resume_drift_refuse(client: RecoveryClient, service: Service) -> None:

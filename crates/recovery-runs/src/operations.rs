@@ -1230,11 +1230,71 @@ impl Registry {
     /// inputs are there, and no saved outcome names a run (those lost their manifest; they are
     /// restored, never imported as legacy).
     async fn import_legacy(&self, run: &LockedRun, run_id: &str) -> Result<RunManifest, OpError> {
+        self.import_legacy_as(run, run_id, "system").await
+    }
+
+    /// Imports the saved outcomes at an output that has no manifest as a legacy run (a NeMo
+    /// Gym output from before manifests, or whose manifest is gone), for `actor`, who accepted
+    /// that its identity cannot be verified: `RunManifest.import_legacy` over the files, its
+    /// attempts renumbered from them (facts §11.6). Every later resume needs `allow_unsafe`.
+    /// Refused when a manifest is there (`run_exists`) or nothing was saved (create the run).
+    pub async fn import_legacy_output(
+        &self,
+        run: &LockedRun,
+        actor: &str,
+    ) -> Result<RunManifest, OpError> {
+        let paths = run.paths().clone();
+        let (has_manifest, saved) = blocking(move || {
+            Ok((
+                paths.manifest.exists(),
+                non_empty(&paths.output) || non_empty(&paths.failures),
+            ))
+        })
+        .await?;
+        if has_manifest {
+            let run_id = self.adopt_locked(run).await?.map(|r| r.run_id);
+            return Err(OpError::RunExists {
+                message: format!(
+                    "{} has a manifest: validate its run instead",
+                    run.paths().manifest.display()
+                ),
+                run_id,
+            });
+        }
+        if !saved {
+            return Err(OpError::Invalid(format!(
+                "output_path: {} holds no saved outcomes to import; create the run instead",
+                run.paths().output.display()
+            )));
+        }
+        self.import_legacy_as(run, &recovery_sidecar::new_id(), actor)
+            .await
+    }
+
+    async fn import_legacy_as(
+        &self,
+        run: &LockedRun,
+        run_id: &str,
+        actor: &str,
+    ) -> Result<RunManifest, OpError> {
         let (paths, id) = (run.paths().clone(), run_id.to_owned());
-        let manifest = blocking(move || Ok(crate::plans::legacy_manifest(&paths, &id)?)).await?;
+        let manifest = blocking(move || {
+            let manifest = crate::plans::legacy_manifest(&paths, &id)?;
+            // A run with a manifest has both outcome files (an older collector wrote no
+            // failures sidecar): the missing one is created empty, never truncated.
+            for file in [&paths.output, &paths.failures] {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(file)
+                    .map_err(|e| io_failure("creating an empty outcome file", e))?;
+            }
+            Ok(manifest)
+        })
+        .await?;
         self.write_manifest(run, &manifest, None).await?;
         self.audit(
-            "system",
+            actor,
             "run.import_legacy",
             Some(run_id),
             serde_json::json!({"next_attempt": manifest.next_attempt.len()}),
@@ -1930,7 +1990,7 @@ fn publish_files(
     if !exists && !replace && (non_empty(&paths.output) || non_empty(&paths.failures)) {
         return Err(OpError::RunExists {
             message: format!(
-                "{} holds saved outcomes without a manifest (an incomplete legacy cache): it is never started fresh silently; an operator can start it afresh with replace: true (the saved outcomes are moved aside, never deleted)",
+                "{} holds saved outcomes without a manifest (a legacy cache): it is never started fresh silently; import it as a legacy run with POST /runs/import_legacy and allow_unsafe (its saved outcomes kept, its identity unverified), or, as an operator, start it afresh with replace: true (the saved outcomes are moved aside, never deleted)",
                 paths.output.display()
             ),
             run_id: None,

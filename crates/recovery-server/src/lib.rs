@@ -35,7 +35,7 @@ use utoipa::OpenApi;
 #[openapi(
     info(title = "rollout-recovery", description = "Resume authority for LLM evaluation and RL rollout collectors: manifests, resume validation, drift history, failure classification, approvals and run leases. Every error body is {code, message, details}."),
     paths(
-        routes::runs::create_run, routes::runs::validate, routes::runs::list_runs, routes::runs::get_run, routes::runs::list_validations,
+        routes::runs::create_run, routes::runs::import_legacy, routes::runs::validate, routes::runs::list_runs, routes::runs::get_run, routes::runs::list_validations,
         routes::query::drift, routes::query::run_drift, routes::query::classify, routes::query::plan,
         routes::ops::approve, routes::ops::list_approvals, routes::ops::revoke_approval,
         routes::ops::extend, routes::ops::resubmit, routes::ops::reserve,
@@ -226,6 +226,7 @@ pub fn app(state: AppState) -> Router {
     // Operations that take no query parameters refuse any (a misspelt option is not ignored).
     let without_query = Router::new()
         .route("/runs", post(routes::runs::create_run))
+        .route("/runs/import_legacy", post(routes::runs::import_legacy))
         .route("/runs/{run_id}", get(routes::runs::get_run))
         .route("/runs/{run_id}/validate", post(routes::runs::validate))
         .route("/classify", post(routes::query::classify))

@@ -31,6 +31,7 @@ from .models import (
     DriftPage,
     Lease,
     LeaseStatus,
+    LegacyImported,
     Plan,
     PlanEntry,
     ReindexReport,
@@ -399,6 +400,15 @@ class RecoveryClient:
         if replace:
             body["replace"] = True
         return RunCreated.from_dict(self._object("POST", "/runs", json=body))
+
+    def import_legacy(self, output_path: str | os.PathLike[str]) -> LegacyImported:
+        """Import the saved outcomes of an output without a manifest (a NeMo Gym output from
+        before manifests) as a legacy run (``POST /runs/import_legacy``), as the Python module's
+        resume with ``allow_unsafe_resume`` does: its identity cannot be verified, so every
+        later validate needs ``allow_unsafe=True``. ``RunExistsError`` names the run when a
+        manifest is there (another caller imported it first)."""
+        body = {"output_path": os.fspath(output_path), "allow_unsafe": True}
+        return LegacyImported.from_dict(self._object("POST", "/runs/import_legacy", json=body))
 
     def get_run(self, run_id: str) -> RunView:
         """One run: record, manifest, live holder and caps (``RunSupersededError`` when

@@ -112,9 +112,7 @@ def guard_run(
             ).run_id
             created = True
         except RunExistsError as error:
-            if error.run_id is None:
-                raise
-            run_id = error.run_id
+            run_id = error.run_id or _imported_legacy(client, output, error, allow_unsafe)
     with client.lease(
         run_id,
         holder,
@@ -144,3 +142,20 @@ def guard_run(
             verdict=verdict,
             lease=lease,
         )
+
+
+def _imported_legacy(
+    client: RecoveryClient, output: str, refused: RunExistsError, allow_unsafe: bool
+) -> str:
+    """The run of an output whose saved outcomes have no manifest: imported as a legacy run
+    when the caller accepted an unverified identity (``allow_unsafe``, as the Python module's
+    ``allow_unsafe_resume`` does), else the refusal stands. A concurrent importer's run is
+    adopted."""
+    if not allow_unsafe:
+        raise refused
+    try:
+        return client.import_legacy(output).run_id
+    except RunExistsError as error:
+        if error.run_id is None:
+            raise
+        return error.run_id

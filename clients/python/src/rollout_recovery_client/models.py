@@ -21,6 +21,7 @@ __all__ = [
     "Lease",
     "LeaseHolder",
     "LeaseStatus",
+    "LegacyImported",
     "Manifest",
     "PendingRejudge",
     "Plan",
@@ -196,6 +197,25 @@ class RunRecord:
             created_at=_opt_str(data, "created_at"),
             updated_at=_opt_str(data, "updated_at"),
             superseded_by=_opt_str(data, "superseded_by"),
+            raw=_raw(data),
+        )
+
+
+@dataclass(frozen=True)
+class LegacyImported:
+    """The answer to ``POST /runs/import_legacy``: the run the saved outcomes now belong to."""
+
+    run_id: str
+    output_path: str
+    manifest: Manifest | None
+    raw: Raw = field(repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LegacyImported:
+        return cls(
+            run_id=_str(data, "run_id"),
+            output_path=_str(data, "output_path"),
+            manifest=_opt_manifest(data, "manifest"),
             raw=_raw(data),
         )
 

@@ -104,6 +104,103 @@ fn confined_file(state: &AppState, path: &str, field: &str) -> ApiResult<std::pa
     Ok(resolved)
 }
 
+/// The companion paths of a request's `output_path`, which must name a file under the roots.
+fn output_paths(state: &AppState, output_path: &str) -> ApiResult<recovery_sidecar::SidecarPaths> {
+    if output_path.trim().is_empty() {
+        return Err(ApiError::invalid_field(
+            "output_path",
+            "output_path: must not be empty; name the JSONL file the run writes",
+        ));
+    }
+    let last = output_path.rsplit('/').next().unwrap_or_default();
+    if matches!(last, "" | "." | "..") {
+        // `Path` forgets a trailing `/` or `/.`: `exp/` would name a file `exp`.
+        return Err(ApiError::new(
+            crate::error::ErrorCode::PathRefused,
+            "output_path: ends with /, /. or /.. (names a directory); name the JSONL file",
+        ));
+    }
+    if output_path.chars().any(char::is_control) {
+        return Err(ApiError::new(
+            crate::error::ErrorCode::PathRefused,
+            "output_path: holds a control character (a newline, a tab)",
+        ));
+    }
+    state
+        .registry
+        .paths_for(FsPath::new(output_path))
+        .map_err(|e| match e {
+            recovery_runs::RegistryError::Path(e) => {
+                ApiError::new(ErrorCode::PathRefused, format!("output_path: {e}"))
+            }
+            other => other.into(),
+        })
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ImportLegacyRequest {
+    /// The output whose saved outcomes have no manifest.
+    #[serde(deserialize_with = "crate::limits::path")]
+    #[schema(max_length = 4096)]
+    pub output_path: String,
+    /// Must be `true`: the imported run's identity cannot be verified, and every later
+    /// resume needs `allow_unsafe` too (the Python module's `allow_unsafe_resume`).
+    #[serde(alias = "allow_unsafe_resume")]
+    pub allow_unsafe: bool,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct LegacyImported {
+    pub run_id: String,
+    pub output_path: String,
+    #[schema(value_type = Object)]
+    pub manifest: Value,
+}
+
+/// Import the saved outcomes of an output without a manifest (a NeMo Gym output from before
+/// manifests) as a legacy run, as the Python module's resume with `allow_unsafe_resume` does:
+/// a manifest with `legacy_import`, attempts numbered from the files. Audited
+/// `run.import_legacy`.
+#[utoipa::path(post, path = "/runs/import_legacy", tag = "runs", request_body = ImportLegacyRequest,
+    responses(
+        (status = 201, description = "Imported", body = LegacyImported),
+        (status = 409, description = "A manifest is there (run_exists naming its run), or the saved outcomes name a run (restore its manifest)", body = ApiErrorBody),
+        (status = 422, description = "allow_unsafe is not true, nothing saved to import, or unreadable outcomes", body = ApiErrorBody),
+        (status = 423, description = "Another process holds the run lock (run_locked)", body = ApiErrorBody),
+        (status = 401, body = ApiErrorBody), (status = 403, body = ApiErrorBody)))]
+pub async fn import_legacy(
+    State(state): State<AppState>,
+    CollectorCaller(caller): CollectorCaller,
+    ApiJson(request): ApiJson<ImportLegacyRequest>,
+) -> ApiResult<(StatusCode, Json<LegacyImported>)> {
+    if !request.allow_unsafe {
+        return Err(ApiError::invalid_field(
+            "allow_unsafe",
+            "allow_unsafe: must be true: an imported run's identity cannot be verified (every later resume needs allow_unsafe too)",
+        ));
+    }
+    let paths = output_paths(&state, &request.output_path)?;
+    let run = state.registry.lock(&paths).await?;
+    let work = state.clone();
+    let manifest = state
+        .detached(async move {
+            Ok(work
+                .registry
+                .import_legacy_output(&run, &caller.name)
+                .await?)
+        })
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(LegacyImported {
+            run_id: manifest.run_id.clone(),
+            output_path: paths.output.display().to_string(),
+            manifest: manifest.to_value(),
+        }),
+    ))
+}
+
 /// Create a run: its manifest, saved identity and (when rows are sent) materialized inputs.
 #[utoipa::path(post, path = "/runs", tag = "runs", request_body = CreateRunRequest,
     responses(
@@ -128,35 +225,7 @@ pub async fn create_run(
             return Err(not_an_object(field));
         }
     }
-    if request.output_path.trim().is_empty() {
-        return Err(ApiError::invalid_field(
-            "output_path",
-            "output_path: must not be empty; name the JSONL file the run writes",
-        ));
-    }
-    let last = request.output_path.rsplit('/').next().unwrap_or_default();
-    if matches!(last, "" | "." | "..") {
-        // `Path` forgets a trailing `/` or `/.`: `exp/` would name a file `exp`.
-        return Err(ApiError::new(
-            crate::error::ErrorCode::PathRefused,
-            "output_path: ends with /, /. or /.. (names a directory); name the JSONL file",
-        ));
-    }
-    if request.output_path.chars().any(char::is_control) {
-        return Err(ApiError::new(
-            crate::error::ErrorCode::PathRefused,
-            "output_path: holds a control character (a newline, a tab)",
-        ));
-    }
-    let paths = state
-        .registry
-        .paths_for(FsPath::new(&request.output_path))
-        .map_err(|e| match e {
-            recovery_runs::RegistryError::Path(e) => {
-                ApiError::new(ErrorCode::PathRefused, format!("output_path: {e}"))
-            }
-            other => other.into(),
-        })?;
+    let paths = output_paths(&state, &request.output_path)?;
     let new_run = NewRun {
         source: confined_file(&state, &request.source_path, "source_path")?,
         config: request.config,

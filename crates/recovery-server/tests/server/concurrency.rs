@@ -193,6 +193,123 @@ async fn concurrent_reservations_hand_out_each_number_once_and_every_one_reaches
     );
 }
 
+/// An output from before manifests (materialized inputs and saved outcomes, no manifest) is
+/// imported as a legacy run through the API, once whoever asks at the same time (gap review
+/// 34: `POST /runs` called it an incomplete cache and offered only a replacement, which sets
+/// the results aside): the others are told its run; its resumes need `allow_unsafe`, as the
+/// Python module's do, and its plan keeps the saved answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_output_without_a_manifest_is_imported_as_a_legacy_run_once() {
+    let app = TestApp::new().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::create_dir_all(paths.output.parent().expect("dir")).expect("dir");
+    let rows: String = rows()
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect();
+    std::fs::write(&paths.materialized, rows).expect("materialized");
+    let saved = json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0,
+        "response": {"output": [{"type": "message"}], "status": "completed"}});
+    std::fs::write(&paths.output, format!("{saved}\n")).expect("results");
+    let output = app.output().display().to_string();
+    let refused = app
+        .call(
+            Method::POST,
+            "/runs/import_legacy",
+            Some(COLLECTOR),
+            Some(json!({"output_path": output, "allow_unsafe": false})),
+        )
+        .await;
+    refused.assert_field_refused("allow_unsafe", "an import without allow_unsafe");
+    assert!(!paths.manifest.exists(), "a refusal writes nothing");
+    let import = json!({"output_path": output, "allow_unsafe_resume": true});
+    let replies = all_at_once(
+        &app,
+        (0..8)
+            .map(|_| {
+                (
+                    Method::POST,
+                    "/runs/import_legacy".to_owned(),
+                    COLLECTOR,
+                    import.clone(),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    let imported: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(imported.len(), 1, "imported once");
+    let run_id = imported[0].body["run_id"].as_str().expect("id").to_owned();
+    assert_eq!(imported[0].body["manifest"]["legacy_import"], true);
+    for reply in replies.iter().filter(|r| r.status != StatusCode::CREATED) {
+        assert_eq!(
+            (
+                reply.status,
+                reply.body["code"].as_str(),
+                reply.body["details"]["run_id"].as_str()
+            ),
+            (
+                StatusCode::CONFLICT,
+                Some("run_exists"),
+                Some(run_id.as_str())
+            ),
+            "{}",
+            reply.body
+        );
+    }
+    assert_eq!(saved_manifest(&app).run_id, run_id);
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (
+            &plan.body["entries"][0]["state"],
+            &plan.body["entries"][1]["state"]
+        ),
+        (&json!("scored"), &json!("missing")),
+        "{}",
+        plan.body
+    );
+    let uri = format!("/runs/{run_id}/validate");
+    let validate = |allow: bool| {
+        let mut body = app.validate_body(0.3, 8000);
+        body["allow_unsafe"] = json!(allow);
+        app.call(Method::POST, &uri, Some(COLLECTOR), Some(body))
+    };
+    let unverified = validate(false).await;
+    assert_eq!(
+        unverified.status,
+        StatusCode::CONFLICT,
+        "{}",
+        unverified.body
+    );
+    let accepted = validate(true).await;
+    assert_eq!(accepted.status, StatusCode::OK, "{}", accepted.body);
+    let audit = app
+        .state
+        .registry
+        .store()
+        .list_audit(Some(&run_id), 20)
+        .await
+        .expect("audit");
+    let imports: Vec<&str> = audit
+        .iter()
+        .filter(|a| a.action == "run.import_legacy")
+        .map(|a| a.actor.as_str())
+        .collect();
+    assert_eq!(imports, ["collector-1"], "{audit:?}");
+}
+
 /// Concurrent resumes opting in to retrying terminal timeouts, half of them across drift:
 /// each answered, the manifest keeps the opt-in (written once, under the run's lock), one
 /// audit entry, and every drift journalled.
