@@ -186,6 +186,31 @@ impl Registry {
         }
     }
 
+    /// Writes the run's coverage snapshot `<stem>_coverage.json` from its plan, inside the
+    /// run's section (facts §11.7: a Python store writes it when it opens and closes, and
+    /// file-based tools and the Python completion check read it; the service writes it when a
+    /// lease is granted and released). Best effort, as the store's: a failure is logged and is
+    /// never the caller's error (a run whose files cannot be planned has no coverage to give).
+    pub async fn write_coverage(&self, run: &LockedRun, default_cap: u64) {
+        let (caches, paths) = (self.caches.clone(), run.paths().clone());
+        let target = paths.coverage.clone();
+        let written = crate::background::spawn(move || -> Result<(), String> {
+            let coverage = caches
+                .plans
+                .with_plan(&paths, default_cap, |plan| {
+                    serde_json::to_value(plan.summary().coverage)
+                })
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            atomic_write_json(&paths.coverage, &coverage, None).map_err(|e| e.to_string())
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()));
+        if let Err(reason) = written {
+            tracing::warn!(path = %target.display(), %reason, "the coverage snapshot was not written");
+        }
+    }
+
     /// Derived state of files, cached by file identity.
     pub fn caches(&self) -> &Arc<RunCaches> {
         &self.caches

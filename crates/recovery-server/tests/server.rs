@@ -1351,6 +1351,60 @@ async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
     (run_id, lease)
 }
 
+/// The coverage snapshot `<stem>_coverage.json` is written when a lease is granted and when
+/// it is released, as a Python collector's store writes it when it opens and closes (facts
+/// §11.7; gap review 34: it was never written, so file-based tools found nothing).
+#[tokio::test]
+async fn a_lease_writes_the_coverage_snapshot_when_granted_and_released() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let read = || -> Value {
+        serde_json::from_slice(&std::fs::read(&paths.coverage).expect("coverage")).expect("json")
+    };
+    // Granted before the outcomes were saved: nothing done yet.
+    let granted = read();
+    assert_eq!(
+        (
+            &granted["schema_version"],
+            &granted["run_id"],
+            &granted["expected"],
+            &granted["successful"]
+        ),
+        (&json!(2), &json!(run_id), &json!(2), &json!(0)),
+        "{granted}"
+    );
+    let released = app
+        .call(
+            Method::DELETE,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease})),
+        )
+        .await;
+    assert_eq!(released.status, StatusCode::NO_CONTENT, "{}", released.body);
+    let closed = read();
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        closed, plan.body["coverage"],
+        "the snapshot is the plan's coverage"
+    );
+    assert_eq!(closed["successful"], json!(2), "{closed}");
+    // Pretty, as the Python module's atomic_write_json writes it.
+    let text = std::fs::read_to_string(&paths.coverage).expect("text");
+    assert!(
+        text.starts_with("{\n  \"") && text.ends_with("}\n"),
+        "{text}"
+    );
+}
+
 /// A resume opts in to retrying terminal timeouts with the collection setting
 /// `retry_terminal_timeouts: true` (facts §17, scenario 37): no drift, the manifest keeps the
 /// opt-in (a later resume without it too), the plan retries the terminal timeout, and the

@@ -141,7 +141,26 @@ pub async fn acquire(
 ) -> ApiResult<(StatusCode, Json<LeaseGranted>)> {
     let lease_request = lease_request(&state, &caller, &run_id, &request).await?;
     let lease = state.leases.acquire(&lease_request).await?;
+    write_coverage(&state, &run_id).await;
     Ok((StatusCode::CREATED, Json(granted(&lease))))
+}
+
+/// The run's coverage snapshot, written as a collector's store opens and closes, under the
+/// lease's own lock (before a release: a collector started once the release answered never
+/// finds the run's lock taken for it).
+async fn write_coverage(state: &AppState, run_id: &str) {
+    let Ok((_, paths)) = state.run(run_id).await else {
+        return;
+    };
+    match state.registry.lock(&paths).await {
+        Ok(run) => {
+            state
+                .registry
+                .write_coverage(&run, state.config.default_max_attempts)
+                .await;
+        }
+        Err(e) => tracing::warn!(run_id, error = %e, "the coverage snapshot was not written"),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -209,6 +228,14 @@ pub async fn release(
     ApiJson(request): ApiJson<ReleaseRequest>,
 ) -> ApiResult<StatusCode> {
     state.known_run(&run_id).await?;
+    if let Ok((_, paths)) = state.run(&run_id).await
+        && state
+            .check_lease(&paths, &run_id, Some(&request.lease_id))
+            .await
+            .is_ok()
+    {
+        write_coverage(&state, &run_id).await;
+    }
     state
         .leases
         .release(&caller.name, &run_id, &request.lease_id)

@@ -310,6 +310,60 @@ async fn an_output_without_a_manifest_is_imported_as_a_legacy_run_once() {
     assert_eq!(imports, ["collector-1"], "{audit:?}");
 }
 
+/// Concurrent acquires, then releases with the right and wrong lease ids: one lease granted,
+/// the coverage snapshot each granted or released lease writes stays one whole JSON document
+/// (written inside the run's section, atomically), and a refused release writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn coverage_snapshots_of_concurrent_lease_calls_stay_whole() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let acquire = |n: usize| {
+        (
+            Method::POST,
+            format!("/runs/{run_id}/lease"),
+            COLLECTOR,
+            json!({"holder": format!("c{n}"), "host": "h", "pid": n, "ttl_seconds": 60}),
+        )
+    };
+    let replies = all_at_once(&app, (0..8).map(acquire).collect()).await;
+    let granted: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(granted.len(), 1);
+    let lease = granted[0].body["lease_id"].clone();
+    let snapshot = || -> Value {
+        serde_json::from_slice(&std::fs::read(&paths.coverage).expect("coverage")).expect("whole")
+    };
+    assert_eq!(snapshot()["run_id"], json!(run_id));
+    std::fs::remove_file(&paths.coverage).expect("remove");
+    let release = |id: Value| {
+        (
+            Method::DELETE,
+            format!("/runs/{run_id}/lease"),
+            COLLECTOR,
+            json!({"lease_id": id}),
+        )
+    };
+    let wrong = all_at_once(
+        &app,
+        (0..4).map(|_| release(json!("not-a-lease"))).collect(),
+    )
+    .await;
+    assert!(wrong.iter().all(|r| r.status == StatusCode::CONFLICT));
+    assert!(!paths.coverage.exists(), "a refused release writes nothing");
+    let replies = all_at_once(&app, (0..4).map(|_| release(lease.clone())).collect()).await;
+    assert_eq!(
+        replies
+            .iter()
+            .filter(|r| r.status == StatusCode::NO_CONTENT)
+            .count(),
+        1
+    );
+    assert_eq!(snapshot()["expected"], json!(2));
+}
+
 /// Concurrent resumes opting in to retrying terminal timeouts, half of them across drift:
 /// each answered, the manifest keeps the opt-in (written once, under the run's lock), one
 /// audit entry, and every drift journalled.
