@@ -1882,7 +1882,7 @@ fn check_inventory<'a>(rows: impl IntoIterator<Item = &'a Value>) -> Result<(), 
             .map_err(|e| OpError::Invalid(format!("rows[{i}]: {e}")))?;
         if let Some(first) = seen.insert(id.clone(), i) {
             return Err(OpError::Invalid(format!(
-                "rows[{i}]: logical rollout id {id} repeats rows[{first}]"
+                "rows[{i}]: Duplicate logical rollout id '{id}' (rows[{first}] has it too)"
             )));
         }
     }

@@ -607,6 +607,36 @@ async fn an_invalid_field_is_named_in_details() {
     }
 }
 
+/// Two rows with one logical rollout id are refused in the Python module's words ("Duplicate
+/// logical rollout id", which its tests match), naming the row, and nothing is written.
+#[tokio::test]
+async fn a_create_with_a_repeated_rollout_id_is_refused_in_the_python_modules_words() {
+    let app = TestApp::new().await;
+    let mut body = app.create_body();
+    body["rows"] = json!([
+        {"agent_ref": {"name": "math_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0, "q": 1},
+        {"agent_ref": {"name": "math_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0, "q": 2}
+    ]);
+    let reply = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+    assert!(
+        reply.body["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("rows[1]: Duplicate logical rollout id '0-0'")),
+        "{}",
+        reply.body
+    );
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    assert!(!paths.manifest.exists() && !paths.materialized.exists());
+}
+
 /// Refusals about the request as a whole name no field (the review saw `details.field: "body"`),
 /// nor does a key no field has that reads as no field name (it is not repeated either), and
 /// the audit log's cursor refusal does not point at a drift-only parameter.
