@@ -21,7 +21,14 @@ from rollout_recovery_client import (
     RetryPolicy,
     RunCreated,
     RunView,
+    config_identity_path_for,
+    coverage_path_for,
+    failures_path_for,
+    manifest_path_for,
+    materialized_path_for,
     referenced_environment,
+    resume_drift_path_for,
+    run_lock_path_for,
 )
 from support import (
     RunSpec,
@@ -158,6 +165,26 @@ def test_environment_a_configuration_names_is_sent_so_a_changed_value_is_refused
         run_id, config, tree, source, rows, environment={"RR_CLIENT_TEST_PROMPT": "grade strictly"}
     )
     assert again.outcome == "reuse"
+
+
+def test_path_helpers_name_the_files_the_service_writes(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    """The Python module's ``*_path_for`` names, kept for code moving to the service."""
+    spec = new_run(tasks=1)
+    manifest = manifest_path_for(spec.output)
+    assert manifest.is_file()
+    assert config_identity_path_for(manifest).is_file()
+    assert materialized_path_for(spec.output).is_file()
+    assert failures_path_for(spec.output).is_file()
+    lease = client.acquire_lease(spec.run_id, "paths", ttl_seconds=30)
+    assert run_lock_path_for(spec.output).is_file()
+    assert coverage_path_for(spec.output).is_file()
+    drifted = copy.deepcopy(spec.global_config)
+    drifted["agent"]["responses_api_agents"]["simple_agent"]["sandbox_port"] = 8123
+    client.validate(spec.run_id, spec.config, drifted, spec.source, lease_id=lease.lease_id)
+    assert resume_drift_path_for(manifest).read_text(encoding="utf-8").count("\n") == 1
+    client.release_lease(spec.run_id, lease.lease_id)
 
 
 def test_lease_operations(client: RecoveryClient, new_run: Callable[..., RunSpec]) -> None:

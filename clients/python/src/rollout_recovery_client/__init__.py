@@ -80,6 +80,15 @@ from .models import (
     Validation,
     ValidationPage,
 )
+from .paths import (
+    config_identity_path_for,
+    coverage_path_for,
+    failures_path_for,
+    manifest_path_for,
+    materialized_path_for,
+    resume_drift_path_for,
+    run_lock_path_for,
+)
 from .retry import NO_RETRY, RetryPolicy
 
 __version__ = "0.1.0"
@@ -154,10 +163,17 @@ __all__ = [
     "ValidationPage",
     "__version__",
     "check_complete",
+    "config_identity_path_for",
+    "coverage_path_for",
     "exit_code",
+    "failures_path_for",
     "guard_run",
     "has_only_intentional_gaps",
     "incomplete_error",
     "is_credential_name",
+    "manifest_path_for",
+    "materialized_path_for",
     "referenced_environment",
+    "resume_drift_path_for",
+    "run_lock_path_for",
 ]
