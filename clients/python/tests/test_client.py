@@ -14,6 +14,7 @@ import pytest
 
 from rollout_recovery_client import (
     Approval,
+    ConfigError,
     Manifest,
     Plan,
     RecoveryClient,
@@ -160,6 +161,8 @@ def test_environment_a_configuration_names_is_sent_so_a_changed_value_is_refused
     with pytest.raises(ResumeRefusedError) as refused:
         client.validate(run_id, config, tree, source, rows)
     assert [k.rsplit(".", 1)[-1] for k in refused.value.keys] == ["review_prompt"]
+    # Caught where code caught the Python module's ConfigError.
+    assert isinstance(refused.value, ConfigError)
     # An explicit mapping is sent as it is (here: the value the run was created with).
     again = client.validate(
         run_id, config, tree, source, rows, environment={"RR_CLIENT_TEST_PROMPT": "grade strictly"}

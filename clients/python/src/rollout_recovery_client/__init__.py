@@ -20,6 +20,7 @@ from .completion import (
 from .environment import is_credential_name, referenced_environment
 from .errors import (
     ERROR_CLASSES,
+    ConfigError,
     ConflictError,
     CursorExpiredError,
     ForbiddenError,
@@ -104,6 +105,7 @@ __all__ = [
     "Approval",
     "AttemptExtension",
     "ClassifyDecision",
+    "ConfigError",
     "ConflictError",
     "Coverage",
     "CursorExpiredError",

@@ -84,6 +84,13 @@ class RecoveryError(Exception):
         )
 
 
+class ConfigError(RecoveryError):
+    """What the Python module raises as ``ConfigError``: a run whose inputs, identity or saved
+    files do not allow it to go on (a refused resume, no or an unreadable manifest, invalid
+    rows or run files, an identity that cannot be computed). Code that caught the module's
+    ``ConfigError`` catches these with it."""
+
+
 class InvalidRequestError(RecoveryError):
     """422 ``invalid_request``: the body or a parameter is malformed (the message names it)."""
 
@@ -142,7 +149,7 @@ class SemanticKey:
         )
 
 
-class ResumeRefusedError(RecoveryError):
+class ResumeRefusedError(ConfigError):
     """409 ``resume_refused``: the saved identity does not verify against the current run.
 
     ``semantic_keys`` lists the semantic configuration keys that changed (each with its
@@ -172,15 +179,15 @@ class ResumeRefusedError(RecoveryError):
         return [str(m) for m in raw] if isinstance(raw, list) else []
 
 
-class NoManifestError(RecoveryError):
+class NoManifestError(ConfigError):
     """409 ``no_manifest``: the saved run has no manifest."""
 
 
-class ManifestUnreadableError(RecoveryError):
+class ManifestUnreadableError(ConfigError):
     """422 ``manifest_unreadable``: the manifest or materialized inputs cannot be read."""
 
 
-class IdentityError(RecoveryError):
+class IdentityError(ConfigError):
     """422 ``identity_error``: the configuration has no identity (``kind`` says why)."""
 
     @property
@@ -189,11 +196,11 @@ class IdentityError(RecoveryError):
         return value if isinstance(value, str) else None
 
 
-class RowsInvalidError(RecoveryError):
+class RowsInvalidError(ConfigError):
     """422 ``rows_invalid``: saved rows cannot be planned or classified."""
 
 
-class RunFilesInvalidError(RecoveryError):
+class RunFilesInvalidError(ConfigError):
     """409 ``run_files_invalid``: the run's files contradict its manifest."""
 
 
