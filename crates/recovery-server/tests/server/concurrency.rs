@@ -988,7 +988,7 @@ async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_
             "duplicate logical ids",
             json!(app.output()),
             json!([row(json!({})), row(json!({}))]),
-            "repeats",
+            "Duplicate logical rollout id",
         ),
         (
             "a non-integer index",
