@@ -141,6 +141,34 @@ def test_validate_reuse_drift_and_override(
     assert first.next_cursor is not None
 
 
+@pytest.mark.parametrize(
+    ("tree", "sent"),
+    [
+        ({"p": "${oc.env:NG_PROMPT,d}"}, {"NG_PROMPT": "A"}),
+        ({"p": "${oc.env:'NG_PROMPT',d}"}, {"NG_PROMPT": "A"}),
+        ({"p": '${oc.env:"NG_PROMPT",d}'}, {"NG_PROMPT": "A"}),
+        ({"p": "x\\${oc.env:NG_PROMPT,d}"}, {}),
+        ({"p": "x\\\\${oc.env:NG_PROMPT,d}"}, {"NG_PROMPT": "A"}),
+        ({"p": ["${oc.env:HOME}/cache"]}, {"HOME": "/h"}),
+        ({"OPENAI_API_KEY": "${oc.env:OPENAI_API_KEY}"}, {}),
+        ({"m": {"api_key": "${oc.env:PLAIN}"}}, {}),
+        ({"h": {"X-Auth": "Bearer ${oc.env:PLAIN}"}}, {}),
+        ({"secrets": {"openai": "${oc.env:PLAIN}"}}, {}),
+        ({"env": [{"name": "HF_TOKEN", "value": "${oc.env:PLAIN}"}]}, {}),
+        ({"cmd": "run API_KEY=${oc.env:PLAIN} --home ${oc.env:HOME}"}, {"HOME": "/h"}),
+        ({"url": "postgres://u:${oc.env:PLAIN}@h/${oc.env:HOME}"}, {"HOME": "/h"}),
+    ],
+)
+def test_referenced_environment_sends_what_is_resolved_and_nothing_redacted(
+    tree: dict[str, Any], sent: dict[str, str]
+) -> None:
+    """Quoted names and an escaped backslash before a live reference are sent (hostile review
+    35: they were missed, so a change went unnoticed); what the service redacts before it
+    resolves is not (it sent secrets under ``api_key`` and in ``Bearer ...``)."""
+    environ = {"NG_PROMPT": "A", "HOME": "/h", "PLAIN": "sk-secret", "OPENAI_API_KEY": "sk"}
+    assert referenced_environment(tree, environ=environ) == sent
+
+
 def test_environment_a_configuration_names_is_sent_so_a_changed_value_is_refused(
     client: RecoveryClient, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

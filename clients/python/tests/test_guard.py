@@ -87,13 +87,17 @@ def test_guard_imports_an_output_without_a_manifest_only_with_allow_unsafe(
         pass
     assert refused.value.run_id is None
     assert "import_legacy" in str(refused.value)
-    with guard_run(client, output, config, tree, rows, source, allow_unsafe=True) as guard:
+    with guard_run(
+        client, output, config, tree, rows, source, allow_unsafe=True, retry_terminal_timeouts=True
+    ) as guard:
         assert guard.outcome == "overridden"
         assert [e.state for e in guard.iter_plan()] == ["scored", "missing"]
         assert guard.reserve(["1-0"]) == {"1-0": 0}
     manifest = client.get_run(guard.run_id).manifest
     assert manifest is not None
     assert manifest.raw["legacy_import"] is True
+    # The opt-in reaches a run guard_run did not create (hostile review 35: it was dropped).
+    assert manifest.raw["retry_terminal_timeouts"] is True
 
 
 def test_create_kill_resume_drift_refuse(client: RecoveryClient, service: Service) -> None:

@@ -449,11 +449,16 @@ class RecoveryClient:
         environment: Mapping[str, str] | None = None,
         lease_id: str | None = None,
         allow_unsafe: bool = False,
+        retry_terminal_timeouts: bool | None = None,
     ) -> ValidateResult:
         """The pre-flight before (re)starting a run: reuse, resume across operational drift
         (journalled), ``overridden``; a refusal raises ``ResumeRefusedError`` naming the
         semantic keys. Not retried after it was sent: a replay would journal a drift twice.
-        ``environment`` defaults as :meth:`create_run`'s does."""
+        ``environment`` defaults as :meth:`create_run`'s does. ``retry_terminal_timeouts=True``
+        opts the run in to retrying terminal timeouts (sent as the collection setting in
+        ``config``; the manifest keeps it for every later resume)."""
+        if retry_terminal_timeouts:
+            config = {**config, "retry_terminal_timeouts": True}
         body: dict[str, Any] = {
             "config": dict(config),
             "global_config": dict(global_config),

@@ -133,6 +133,7 @@ def guard_run(
             environment=environment,
             lease_id=lease.lease_id,
             allow_unsafe=allow_unsafe,
+            retry_terminal_timeouts=retry_terminal_timeouts,
         )
         yield RunGuard(
             client=client,
