@@ -537,6 +537,42 @@ impl Registry {
                 admission.attempt, admission.rollout_id
             )));
         }
+        // Only the attempt's judge failure is re-judged: the line names the rollout and the
+        // attempt, and the plan has that attempt as the rollout's latest, judge_recoverable
+        // (hostile review 35: a scored result, another rollout's line, another attempt's, or
+        // the same predecessor after its successor was saved were admitted, and the re-judged
+        // outcome then broke the plan).
+        predecessor_names(admission)?;
+        let rollout = admission.rollout_id.clone();
+        let cap = manifest.max_rollout_attempts.unwrap_or(3);
+        let entry = self
+            .locked_plan(run, cap, move |plan| plan.view().entry_for(&rollout))
+            .await?
+            .ok_or_else(|| {
+                OpError::Invalid(format!(
+                    "rollout_id: {} is no rollout of this run",
+                    admission.rollout_id
+                ))
+            })?;
+        let attempt = i64::try_from(admission.attempt).unwrap_or(i64::MAX);
+        if entry.latest_attempt != Some(attempt) || entry.state != PlanState::JudgeRecoverable {
+            return Err(OpError::NotEligible {
+                message: format!(
+                    "only the latest attempt of a judge_recoverable rollout (a judge failure on a saved answer) is re-judged; attempt {} of {} is not: the rollout's latest attempt is {} and it is {}",
+                    admission.attempt,
+                    admission.rollout_id,
+                    entry
+                        .latest_attempt
+                        .map_or_else(|| "none".to_owned(), |a| a.to_string()),
+                    serde_json::to_value(entry.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                ),
+                details: serde_json::json!({"state": entry.state, "reason": entry.reason, "latest_attempt": entry.latest_attempt}),
+            });
+        }
+
         // A judge failure is a failure row in the sidecar, or a result whose grade failed
         // (`failure_kind: judge_unparseable`) in the results file: both are re-judged.
         let files = [run.paths().failures.clone(), run.paths().output.clone()];
@@ -1301,6 +1337,28 @@ impl Registry {
         )
         .await?;
         Ok(manifest)
+    }
+}
+
+/// The predecessor line names the admission's rollout and attempt.
+fn predecessor_names(admission: &Admission) -> Result<(), OpError> {
+    let facts =
+        recovery_core::facts::OutcomeFacts::from_line(admission.predecessor_line.as_bytes())
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                OpError::Invalid("predecessor_line: not a saved outcome (a JSON object)".into())
+            })?;
+    let mut buffer = String::new();
+    let named = facts.identity.logical_id(&mut buffer).ok() == Some(admission.rollout_id.as_str());
+    let attempt = matches!(facts.attempt, recovery_core::facts::AttemptField::Valid(a) if u64::try_from(a).ok() == Some(admission.attempt));
+    if named && attempt {
+        Ok(())
+    } else {
+        Err(OpError::Invalid(format!(
+            "predecessor_line: not an outcome of attempt {} of {}",
+            admission.attempt, admission.rollout_id
+        )))
     }
 }
 

@@ -1549,6 +1549,23 @@ async fn a_judge_failure_is_graded_again_and_the_new_grade_counts() {
     assert_eq!(closed.status, StatusCode::NO_CONTENT, "{}", closed.body);
     assert!(concurrency::saved_manifest(&app).pending_rejudge.is_empty());
     assert_eq!(plan().await.body["entries"][0]["state"], "scored");
+    // The same predecessor again, once graded: nothing left to re-judge (hostile review 35:
+    // admitted, and its second successor broke the plan).
+    let again = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/rejudgments"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_id": "0-0", "attempt": 0,
+                "predecessor_failure_id": "f-1", "predecessor_line": judge_failed})),
+        )
+        .await;
+    assert_eq!(
+        (again.status, again.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("not_eligible")),
+        "{}",
+        again.body
+    );
     // A result whose grade failed is re-judged from the results file.
     let unparseable = json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
         "reward": 0.0, "failure_kind": "judge_unparseable", "response": {"output": [{"type": "message"}], "status": "completed"}})
@@ -1962,30 +1979,58 @@ async fn attempts_are_extended_resubmitted_and_reserved_only_by_their_owners() {
 async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
     let app = TestApp::new().await;
     let (run_id, lease) = run_with_masked_answer(&app).await;
-    let line = "{\"_ng_failure_class\":\"judge_failed\"}";
+    // Rollout 1-0's grade failed after the model answered (instead of its masked result).
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let results = std::fs::read_to_string(&paths.output).expect("results");
+    let first = results.lines().next().expect("0-0's result").to_owned();
+    std::fs::write(&paths.output, format!("{first}\n")).expect("results");
+    let judge_failed = |kind: &str| {
+        json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
+            "_ng_failure_class": kind, "_ng_failure_terminal": false,
+            "response": {"output": [{"type": "message"}], "status": "completed"}})
+        .to_string()
+    };
+    let line = judge_failed("judge_failed");
+    let line = line.as_str();
     let admit = json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": format!("{line}\n")});
-    let failures = recovery_sidecar::SidecarPaths::for_output(&app.output()).failures;
+    let failures = paths.failures.clone();
     let manifest_before =
         std::fs::read(recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest)
             .expect("manifest");
+    let scored = results.lines().next().expect("0-0's result").to_owned();
     let refusals = [
         (
-            "a predecessor line the failures sidecar does not hold",
+            "a predecessor no file holds: the rollout is no judge failure yet",
             admit.clone(),
-            "predecessor_line",
+            StatusCode::CONFLICT,
+            "judge_recoverable",
         ),
         (
             "an attempt never reserved",
             json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 1, "predecessor_failure_id": "f-1", "predecessor_line": line}),
+            StatusCode::UNPROCESSABLE_ENTITY,
             "attempt",
         ),
         (
             "a rollout id outside the grammar",
             json!({"lease_id": lease, "rollout_id": "../bad", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": line}),
+            StatusCode::UNPROCESSABLE_ENTITY,
             "rollout_id",
         ),
+        (
+            "another rollout's line (hostile review 35: admitted)",
+            json!({"lease_id": lease, "rollout_id": "0-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": line}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "predecessor_line",
+        ),
+        (
+            "a scored result (hostile review 35: admitted)",
+            json!({"lease_id": lease, "rollout_id": "0-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": scored}),
+            StatusCode::CONFLICT,
+            "judge_recoverable",
+        ),
     ];
-    for (case, body, field) in refusals {
+    for (case, body, status, said) in refusals {
         let refused = app
             .call(
                 Method::POST,
@@ -1994,16 +2039,11 @@ async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
                 Some(body),
             )
             .await;
-        assert_eq!(
-            refused.status,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "{case}: {}",
-            refused.body
-        );
+        assert_eq!(refused.status, status, "{case}: {}", refused.body);
         assert!(
             refused.body["message"]
                 .as_str()
-                .is_some_and(|m| m.contains(field)),
+                .is_some_and(|m| m.contains(said)),
             "{case}: {}",
             refused.body
         );
@@ -2049,8 +2089,7 @@ async fn rejudgments_are_admitted_into_the_manifest_and_closed() {
         "the same predecessor again is idempotent"
     );
     assert_eq!(twice.body["operation_id"].as_str(), Some(operation));
-    let other = "{\"_ng_failure_class\":\"judge_unparseable\"}";
-    std::fs::write(&failures, format!("{line}\n{other}\n")).expect("failures");
+    let other = judge_failed("judge_unparseable");
     let mut another = admit;
     another["predecessor_failure_id"] = json!("f-2");
     another["predecessor_line"] = json!(other);

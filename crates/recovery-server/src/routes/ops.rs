@@ -271,8 +271,8 @@ pub struct AdmitRejudgeRequest {
 #[utoipa::path(post, path = "/runs/{run_id}/rejudgments", tag = "rejudgments", request_body = AdmitRejudgeRequest,
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 201, body = recovery_store::Rejudgment, description = "Admitted"), (status = 200, body = recovery_store::Rejudgment, description = "Already admitted for this predecessor"),
-        (status = 409, description = "Another re-judgment of this attempt is open, or lease_not_held", body = ApiErrorBody),
-        (status = 422, description = "Bad id, unreserved attempt, or a predecessor line neither the failures sidecar nor the results file holds", body = ApiErrorBody),
+        (status = 409, description = "Another re-judgment of this attempt is open, lease_not_held, or not_eligible: the attempt is not the rollout's latest, judge_recoverable", body = ApiErrorBody),
+        (status = 422, description = "Bad id, unreserved attempt, a predecessor line of another rollout or attempt, or one neither the failures sidecar nor the results file holds", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn admit_rejudgment(
     State(state): State<AppState>,

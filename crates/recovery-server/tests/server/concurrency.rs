@@ -416,12 +416,16 @@ async fn concurrent_resumes_opting_in_to_timeout_retries_write_it_once() {
 async fn concurrent_admissions_of_one_rejudgment_open_it_once() {
     let app = TestApp::new().await;
     let (run_id, lease) = run_with_masked_answer(&app).await;
-    let line = "{\"_ng_failure_class\":\"judge_failed\",\"n\":1}";
-    std::fs::write(
-        recovery_sidecar::SidecarPaths::for_output(&app.output()).failures,
-        format!("{line}\n"),
-    )
-    .expect("failures");
+    // Rollout 1-0's grade failed after the model answered (instead of its masked result).
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let results = std::fs::read_to_string(&paths.output).expect("results");
+    let first = results.lines().next().expect("0-0's result");
+    std::fs::write(&paths.output, format!("{first}\n")).expect("results");
+    let line = json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id,
+        "_ng_failure_class": "judge_failed", "_ng_failure_terminal": false,
+        "response": {"output": [{"type": "message"}], "status": "completed"}})
+    .to_string();
+    std::fs::write(&paths.failures, format!("{line}\n")).expect("failures");
     let admit = json!({"lease_id": lease, "rollout_id": "1-0", "attempt": 0, "predecessor_failure_id": "f-1", "predecessor_line": line});
     let replies = all_at_once(
         &app,
