@@ -363,9 +363,7 @@ impl Leases {
             };
         }
         let lock = match self.take_locks(request).await {
-            Err(LeaseError::Locked(LockError::Owned(path)))
-                if self.replica_may_hold(request, &path) =>
-            {
+            Err(refused) if self.replica_may_hold(&refused) => {
                 // Another replica holds the run's flock: for a live lease, which is named as
                 // any holder is (hostile review 33: it read as a process outside the service);
                 // for one that expired, until that replica's sweep lets go.
@@ -374,7 +372,7 @@ impl Leases {
                         return Err(LeaseError::Held(Box::new(live)));
                     }
                     Some(_) => self.wait_for_handoff(request).await?,
-                    None => return Err(LeaseError::Locked(LockError::Owned(path))),
+                    None => return Err(refused),
                 }
             }
             taken => taken?,
@@ -406,10 +404,36 @@ impl Leases {
         Ok(granting)
     }
 
-    /// Whether the `flock` found held at `path` may be another replica's: the run's own lock,
-    /// among replicas sharing the database.
-    fn replica_may_hold(&self, request: &LeaseRequest, path: &Path) -> bool {
-        self.shares_database() && path == request.run_lock()
+    /// `request` with the lock files the run's current lease records added after its own.
+    async fn with_previous_locks(
+        &self,
+        request: &LeaseRequest,
+    ) -> Result<LeaseRequest, LeaseError> {
+        let mut extended = request.clone();
+        if let Some(previous) = self.store.get_lease(&request.run_id).await? {
+            for path in self
+                .store
+                .lease_locks(&request.run_id, &previous.lease_id)
+                .await?
+            {
+                let path = PathBuf::from(path);
+                if !extended.lock_paths.contains(&path) {
+                    extended.lock_paths.push(path);
+                }
+            }
+        }
+        Ok(extended)
+    }
+
+    /// Whether a lock the request asked for, found held by another process, may be another
+    /// replica's (the run's own lock or its lease's checkpoint lock), among replicas sharing
+    /// the database.
+    fn replica_may_hold(&self, refused: &LeaseError) -> bool {
+        self.shares_database()
+            && matches!(
+                refused,
+                LeaseError::Locked(LockError::Owned(_)) | LeaseError::CheckpointLocked { .. }
+            )
     }
 
     /// Takes a run over from the replica holding its `flock` for a lease recorded in the
@@ -422,11 +446,11 @@ impl Leases {
         &self,
         request: &LeaseRequest,
         lease: &Lease,
-        path: PathBuf,
+        refused: LeaseError,
         replaced: &mut Option<Option<Lease>>,
     ) -> Result<RunLock, LeaseError> {
         if self.store.get_lease(&request.run_id).await?.is_none() {
-            return Err(LeaseError::Locked(LockError::Owned(path)));
+            return Err(refused);
         }
         *replaced = Some(self.store.replace_lease(lease).await?);
         match self.wait_for_handoff(request).await {
@@ -447,8 +471,9 @@ impl Leases {
         let deadline = tokio::time::Instant::now() + HANDOFF_WAIT;
         loop {
             match self.take_locks(request).await {
-                Err(LeaseError::Locked(LockError::Owned(path)))
-                    if path == request.run_lock() && tokio::time::Instant::now() < deadline =>
+                Err(refused)
+                    if self.replica_may_hold(&refused)
+                        && tokio::time::Instant::now() < deadline =>
                 {
                     tokio::time::sleep(HANDOFF_POLL).await;
                 }
@@ -967,16 +992,18 @@ impl Leases {
         // (or ends when another process holds it): the new holder's lock is never kept on a
         // file nobody else opens.
         self.end_if_expired(&request.run_id).await?;
+        // The new holder keeps every lock the previous lease held (its checkpoint directory's
+        // too: hostile review 35, a takeover at another replica let it go), recorded so that
+        // a restart takes them all again.
+        let request = &self.with_previous_locks(request).await?;
         let granting = Granted::new(|digest| self.lease_for(request, digest));
         let lease = &granting.lease;
         // `Some` once the lease was replaced in the database (taken from another replica).
         let mut replaced = None;
         if self.held_entry(&request.run_id).is_none() {
             let lock = match self.take_locks(request).await {
-                Err(LeaseError::Locked(LockError::Owned(path)))
-                    if self.replica_may_hold(request, &path) =>
-                {
-                    self.take_over_from_replica(request, lease, path, &mut replaced)
+                Err(refused) if self.replica_may_hold(&refused) => {
+                    self.take_over_from_replica(request, lease, refused, &mut replaced)
                         .await?
                 }
                 taken => taken?,

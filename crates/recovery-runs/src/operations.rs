@@ -993,13 +993,21 @@ impl Registry {
         .await?;
         let moved = match existing {
             Existing::Run => {
-                let adopted = self.adopt_locked(run).await?;
+                let Some(adopted) = self.adopt_locked(run).await? else {
+                    // A manifest that names no run is unreadable, not a run to resume (hostile
+                    // review 35: "run_exists" with no run).
+                    return Err(RunFilesError::ManifestUnreadable(format!(
+                        "{} is there but names no readable run: restore it, or replace it as an operator",
+                        paths.manifest.display()
+                    ))
+                    .into());
+                };
                 return Err(OpError::RunExists {
                     message: format!(
                         "{} already has a manifest: resume it with validate, or replace it as an operator",
                         paths.output.display()
                     ),
-                    run_id: adopted.map(|r| r.run_id),
+                    run_id: Some(adopted.run_id),
                 });
             }
             Existing::Fresh => Vec::new(),
@@ -1280,22 +1288,40 @@ impl Registry {
         actor: &str,
     ) -> Result<RunManifest, OpError> {
         let paths = run.paths().clone();
-        let (has_manifest, saved) = blocking(move || {
+        let (has_manifest, saved, draft) = blocking(move || {
             Ok((
-                paths.manifest.exists(),
+                std::fs::symlink_metadata(&paths.manifest).is_ok(),
                 non_empty(&paths.output) || non_empty(&paths.failures),
+                paths.draft_journal.exists(),
             ))
         })
         .await?;
         if has_manifest {
-            let run_id = self.adopt_locked(run).await?.map(|r| r.run_id);
+            // A manifest that names no run it could be validated as is unreadable, not a run
+            // (hostile review 35: "run_exists" with no run to validate).
+            let Some(record) = self.adopt_locked(run).await? else {
+                return Err(RunFilesError::ManifestUnreadable(format!(
+                    "{} is there but names no readable run: restore or remove it",
+                    run.paths().manifest.display()
+                ))
+                .into());
+            };
             return Err(OpError::RunExists {
                 message: format!(
                     "{} has a manifest: validate its run instead",
                     run.paths().manifest.display()
                 ),
-                run_id,
+                run_id: Some(record.run_id),
             });
+        }
+        if draft {
+            // The plan refuses a run beside a draft dispatch journal: nothing is imported that
+            // could not be planned (hostile review 35).
+            return Err(RunFilesError::Inconsistent(format!(
+                "{} is a draft dispatch journal: the attempts it dispatched cannot be known; finish or remove it before importing",
+                run.paths().draft_journal.display()
+            ))
+            .into());
         }
         if !saved {
             return Err(OpError::Invalid(format!(

@@ -854,10 +854,10 @@ async fn calls_asked_of_the_replica_without_the_lock_hand_it_over() {
     let a = Leases::new(store.clone(), clock.clone(), "replica-a").among_replicas();
     let b = Leases::new(store.clone(), clock.clone(), "replica-b").among_replicas();
     let lock = root.path().join("out_run.lock");
-    let first = a
-        .acquire(&request(root.path(), "collector-a", 600))
-        .await
-        .expect("granted");
+    let checkpoint = root.path().join("ck/.collector.lock");
+    let mut with_checkpoint = request(root.path(), "collector-a", 600);
+    with_checkpoint.lock_paths.push(checkpoint.clone());
+    let first = a.acquire(&with_checkpoint).await.expect("granted");
     match b.acquire(&request(root.path(), "collector-b", 60)).await {
         Err(LeaseError::Held(live)) => assert_eq!(live.holder, "collector-a"),
         other => panic!("{other:?}"),
@@ -876,6 +876,8 @@ async fn calls_asked_of_the_replica_without_the_lock_hand_it_over() {
     assert_eq!(previous.map(|p| p.holder).as_deref(), Some("collector-a"));
     assert!(b.holds("run-1") && !a.holds("run-1"));
     assert_eq!(python_probe(&lock), "blocked");
+    // The checkpoint directory stays locked for the new holder (hostile review 35).
+    assert_eq!(python_probe(&checkpoint), "blocked");
     assert!(
         a.heartbeat("run-1", &first.lease_id, time::Duration::seconds(60))
             .await

@@ -1403,6 +1403,18 @@ async fn a_lease_writes_the_coverage_snapshot_when_granted_and_released() {
         text.starts_with("{\n  \"") && text.ends_with("}\n"),
         "{text}"
     );
+    // A takeover grants a lease too (hostile review 35: it wrote nothing).
+    std::fs::remove_file(&paths.coverage).expect("remove");
+    let taken = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease/takeover"),
+            Some(OPERATOR),
+            Some(json!({"holder": "op", "host": "h", "pid": 1, "reason": "stuck"})),
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::CREATED, "{}", taken.body);
+    assert_eq!(read(), closed);
 }
 
 /// A resume opts in to retrying terminal timeouts with the collection setting

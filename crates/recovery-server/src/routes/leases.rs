@@ -358,5 +358,6 @@ pub async fn takeover(
         .leases
         .takeover(&caller.name, &request.reason, &lease_request)
         .await?;
+    write_coverage(&state, &run_id).await;
     Ok((StatusCode::CREATED, Json(granted(&lease))))
 }

@@ -181,6 +181,16 @@ pub async fn import_legacy(
         ));
     }
     let paths = output_paths(&state, &request.output_path)?;
+    // Nothing is locked (a lock file made) beside an output that holds nothing to import.
+    if !paths.output.is_file() && !paths.failures.is_file() {
+        return Err(ApiError::invalid_field(
+            "output_path",
+            format!(
+                "output_path: {} holds no saved outcomes to import; create the run instead",
+                paths.output.display()
+            ),
+        ));
+    }
     let run = state.registry.lock(&paths).await?;
     let work = state.clone();
     let manifest = state

@@ -224,6 +224,50 @@ async fn an_output_without_a_manifest_is_imported_as_a_legacy_run_once() {
         .await;
     refused.assert_field_refused("allow_unsafe", "an import without allow_unsafe");
     assert!(!paths.manifest.exists(), "a refusal writes nothing");
+    // An output holding nothing: refused before any lock file is made (hostile review 35).
+    let empty = app.root.join("nothing/out.jsonl");
+    let reply = app
+        .call(
+            Method::POST,
+            "/runs/import_legacy",
+            Some(COLLECTOR),
+            Some(json!({"output_path": empty, "allow_unsafe": true})),
+        )
+        .await;
+    reply.assert_field_refused("output_path", "an output with nothing saved");
+    assert!(!app.root.join("nothing").exists(), "{}", reply.body);
+    // Beside a draft dispatch journal, which the plan refuses, nothing is imported.
+    std::fs::write(&paths.draft_journal, "{}\n").expect("draft");
+    let reply = app
+        .call(
+            Method::POST,
+            "/runs/import_legacy",
+            Some(COLLECTOR),
+            Some(json!({"output_path": output, "allow_unsafe": true})),
+        )
+        .await;
+    assert_eq!(reply.body["code"], "run_files_invalid", "{}", reply.body);
+    std::fs::remove_file(&paths.draft_journal).expect("draft");
+    // A manifest naming no run is unreadable, not a run to validate.
+    std::fs::write(&paths.manifest, "garbage").expect("manifest");
+    for uri in ["/runs/import_legacy", "/runs"] {
+        let body = if uri == "/runs" {
+            let mut create = app.create_body();
+            create["output_path"] = json!(output);
+            create
+        } else {
+            json!({"output_path": output, "allow_unsafe": true})
+        };
+        let reply = app
+            .call(Method::POST, uri, Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            reply.body["code"], "manifest_unreadable",
+            "{uri}: {}",
+            reply.body
+        );
+    }
+    std::fs::remove_file(&paths.manifest).expect("manifest");
     let import = json!({"output_path": output, "allow_unsafe_resume": true});
     let replies = all_at_once(
         &app,

@@ -215,10 +215,12 @@ fn code(reply: &Value) -> &str {
     reply["code"].as_str().unwrap_or_default()
 }
 
-/// The collector's failure line of attempt `attempt` of rollout `task`-0 in run `run_id` (a
-/// re-judgment's predecessor).
+/// The collector's failure line of attempt `attempt` of rollout `task`-0 in run `run_id`: a
+/// judge failure on a saved answer (a re-judgment's predecessor).
 fn failure_line(run_id: &str, task: u64, attempt: i64) -> String {
-    json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt, "_ng_run_id": run_id, "_ng_failure_class": "judge_failed"}).to_string()
+    json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt, "_ng_run_id": run_id,
+        "_ng_failure_class": "judge_failed", "response": {"output": [{"type": "message"}], "status": "completed"}})
+    .to_string()
 }
 
 fn chaos_rows() -> Value {
