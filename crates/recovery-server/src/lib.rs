@@ -462,6 +462,9 @@ pub async fn adopt_live_leases(registry: &recovery_runs::Registry) {
     }
 }
 
+/// Sweeps between two tries to take the locks of a stopped replica's live leases.
+const ADOPT_EVERY: u64 = 5;
+
 /// Serves on `listener` until `shutdown` resolves; then drains requests and releases leases.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -471,10 +474,12 @@ pub async fn serve(
     let sweeper_state = state.clone();
     let sweeper = tokio::spawn(async move {
         let mut tick = tokio::time::interval(sweeper_state.config.sweep_interval);
-        loop {
+        for round in 0u64.. {
             tick.tick().await;
-            if sweeper_state.leases.shares_database() {
-                // A replica that stopped left its live leases' locks free: taken here.
+            // A replica that stopped left its live leases' locks free: taken here, every
+            // fifth sweep (each try opens and locks every live lease's file another replica
+            // holds; letting go of ended leases is what needs every sweep).
+            if sweeper_state.leases.shares_database() && round % ADOPT_EVERY == 0 {
                 adopt_live_leases(&sweeper_state.registry).await;
             }
             match sweeper_state.leases.sweep().await {
