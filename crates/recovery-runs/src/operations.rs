@@ -1291,7 +1291,7 @@ impl Registry {
         let (has_manifest, saved, draft) = blocking(move || {
             Ok((
                 std::fs::symlink_metadata(&paths.manifest).is_ok(),
-                non_empty(&paths.output) || non_empty(&paths.failures),
+                holds_a_line(&paths.output) || holds_a_line(&paths.failures),
                 paths.draft_journal.exists(),
             ))
         })
@@ -2178,4 +2178,24 @@ fn opts_in_to_timeout_retries(config: &serde_json::value::RawValue) -> bool {
     config.get().contains("retry_terminal_timeouts")
         && serde_json::from_str::<OptIn>(config.get())
             .is_ok_and(|o| o.retry_terminal_timeouts == Some(Value::Bool(true)))
+}
+
+/// Whether a JSONL file holds a line that is not blank (as `str.strip()` reads blank): a file
+/// of blank lines saved nothing to import (hostile review 36). Read a line at a time; an
+/// unreadable file holds nothing this can tell.
+fn holds_a_line(path: &Path) -> bool {
+    use std::io::BufRead as _;
+    let Ok(file) = recovery_sidecar::open_regular(path) else {
+        return false;
+    };
+    let mut reader = std::io::BufReader::new(file);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => return false,
+            Ok(_) if !recovery_core::materialized::is_blank_line(&line) => return true,
+            Ok(_) => {}
+        }
+    }
 }

@@ -236,6 +236,32 @@ async fn an_output_without_a_manifest_is_imported_as_a_legacy_run_once() {
         .await;
     reply.assert_field_refused("output_path", "an output with nothing saved");
     assert!(!app.root.join("nothing").exists(), "{}", reply.body);
+    // Blank lines are nothing saved either (hostile review 36: imported).
+    let blank = app.root.join("blank/out.jsonl");
+    let blank_paths = recovery_sidecar::SidecarPaths::for_output(&blank);
+    std::fs::create_dir_all(app.root.join("blank")).expect("dir");
+    std::fs::write(&blank, "\n  \n").expect("blank");
+    std::fs::write(&blank_paths.failures, "\n").expect("blank");
+    std::fs::write(
+        &blank_paths.materialized,
+        "{\"_ng_task_index\":0,\"_ng_rollout_index\":0}\n",
+    )
+    .expect("materialized");
+    let reply = app
+        .call(
+            Method::POST,
+            "/runs/import_legacy",
+            Some(COLLECTOR),
+            Some(json!({"output_path": blank, "allow_unsafe": true})),
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+    assert!(!blank_paths.manifest.exists(), "{}", reply.body);
     // Beside a draft dispatch journal, which the plan refuses, nothing is imported.
     std::fs::write(&paths.draft_journal, "{}\n").expect("draft");
     let reply = app
