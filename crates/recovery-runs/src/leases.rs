@@ -513,16 +513,28 @@ impl Leases {
     /// route's check just before a replacement is refused here, rather than leasing the old
     /// run and holding the new run's lock with it (hostile review 33).
     async fn refuse_superseded(&self, run_id: &str) -> Result<(), LeaseError> {
-        match self.store.get_run(run_id).await? {
-            Some(record) => match record.superseded_by {
-                Some(successor) => Err(LeaseError::Superseded {
-                    run_id: run_id.to_owned(),
-                    successor,
-                }),
-                None => Ok(()),
-            },
+        match self
+            .store
+            .get_run(run_id)
+            .await?
+            .and_then(|r| r.superseded_by)
+        {
+            Some(successor) => Err(LeaseError::Superseded {
+                run_id: run_id.to_owned(),
+                successor,
+            }),
             None => Ok(()),
         }
+    }
+
+    async fn audit_expired(&self, lease: &Lease) -> Result<(), StoreError> {
+        self.audit(
+            "system",
+            "lease.expired",
+            &lease.run_id,
+            serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expired_at": lease.expires_at}),
+        )
+        .await
     }
 
     async fn audit_acquired(
@@ -703,7 +715,7 @@ impl Leases {
         let mut ended = Vec::new();
         for lease in self
             .store
-            .expired_leases_of_any_replica(&self.clock.now_text())
+            .expired_leases(None, &self.clock.now_text())
             .await?
         {
             if !self.was_ours(&lease) || self.held_entry(&lease.run_id).is_some() {
@@ -715,7 +727,7 @@ impl Leases {
                 .release_lease(&lease.run_id, &lease.lease_id)
                 .await?
             {
-                self.audit("system", "lease.expired", &lease.run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expired_at": lease.expires_at})).await?;
+                self.audit_expired(&lease).await?;
                 ended.push(lease);
             }
         }
@@ -901,7 +913,7 @@ impl Leases {
             Some(lease) if lease.lease_id == lease_id => {
                 self.store.release_lease(run_id, &lease_id).await?;
                 self.forget(run_id, &lease_id);
-                self.audit("system", "lease.expired", run_id, serde_json::json!({"holder": lease.holder, "host": lease.host, "pid": lease.pid, "expired_at": lease.expires_at})).await?;
+                self.audit_expired(&lease).await?;
                 tracing::info!(run_id, holder = %lease.holder, "lease expired; run lock released");
                 Ok(Ending::Expired(Box::new(lease)))
             }

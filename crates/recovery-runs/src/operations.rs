@@ -564,10 +564,7 @@ impl Registry {
                     entry
                         .latest_attempt
                         .map_or_else(|| "none".to_owned(), |a| a.to_string()),
-                    serde_json::to_value(entry.state)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default(),
+                    state_name(entry.state),
                 ),
                 details: serde_json::json!({"state": entry.state, "reason": entry.reason, "latest_attempt": entry.latest_attempt}),
             });
@@ -579,8 +576,11 @@ impl Registry {
         let expected = sha256.clone();
         let held = blocking(move || {
             for file in &files {
-                if holds_line_with_sha256(file, &expected)
-                    .map_err(|e| io_failure("reading the run's outcomes", e))?
+                // A torn final line is no saved line.
+                if holds_line(file, |bytes, terminated| {
+                    terminated && recovery_core::canonical::sha256_hex(bytes) == expected
+                })
+                .map_err(|e| io_failure("reading the run's outcomes", e))?
                 {
                     return Ok(true);
                 }
@@ -684,10 +684,7 @@ impl Registry {
             return Err(OpError::NotEligible {
                 message: format!(
                     "only a masked result that kept an answer without a grade is eligible; this attempt is {}: {}",
-                    serde_json::to_value(entry.state)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_owned))
-                        .unwrap_or_default(),
+                    state_name(entry.state),
                     entry.reason
                 ),
                 details,
@@ -1291,7 +1288,7 @@ impl Registry {
         let (has_manifest, saved, draft) = blocking(move || {
             Ok((
                 std::fs::symlink_metadata(&paths.manifest).is_ok(),
-                holds_a_line(&paths.output) || holds_a_line(&paths.failures),
+                holds_an_outcome(&paths.output) || holds_an_outcome(&paths.failures),
                 paths.draft_journal.exists(),
             ))
         })
@@ -2142,30 +2139,6 @@ fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, Path
     let _ = std::fs::remove_file(&paths.replace_intent);
 }
 
-/// Whether a JSONL file holds a complete line whose exact bytes (without the newline) hash to
-/// `sha256`; read a line at a time (a results file may be gigabytes). A missing file holds none.
-fn holds_line_with_sha256(path: &Path, sha256: &str) -> std::io::Result<bool> {
-    use std::io::BufRead as _;
-    let file = match recovery_sidecar::open_regular(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        opened => opened?,
-    };
-    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        if reader.read_until(b'\n', &mut line)? == 0 {
-            return Ok(false);
-        }
-        // A torn final line is no saved line.
-        if let Some(bytes) = line.strip_suffix(b"\n")
-            && recovery_core::canonical::sha256_hex(bytes) == sha256
-        {
-            return Ok(true);
-        }
-    }
-}
-
 /// Whether a resume's collection settings opt in to retrying terminal timeouts
 /// (`retry_terminal_timeouts: true`). Read only when the text names the setting: the fast path
 /// of a validate never parses its configuration.
@@ -2180,22 +2153,46 @@ fn opts_in_to_timeout_retries(config: &serde_json::value::RawValue) -> bool {
             .is_ok_and(|o| o.retry_terminal_timeouts == Some(Value::Bool(true)))
 }
 
-/// Whether a JSONL file holds a line that is not blank (as `str.strip()` reads blank): a file
-/// of blank lines saved nothing to import (hostile review 36). Read a line at a time; an
-/// unreadable file holds nothing this can tell.
-fn holds_a_line(path: &Path) -> bool {
+/// Whether a JSONL file holds a line that `wanted` takes, given its bytes without the newline
+/// and whether it ended with one (a final line without is torn, or its writer is still on
+/// it); read a line at a time (a results file may be gigabytes). A missing file holds none.
+fn holds_line(path: &Path, wanted: impl Fn(&[u8], bool) -> bool) -> std::io::Result<bool> {
     use std::io::BufRead as _;
-    let Ok(file) = recovery_sidecar::open_regular(path) else {
-        return false;
+    let file = match recovery_sidecar::open_regular(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        opened => opened?,
     };
-    let mut reader = std::io::BufReader::new(file);
+    let mut reader = std::io::BufReader::with_capacity(1 << 20, file);
     let mut line = Vec::new();
     loop {
         line.clear();
-        match reader.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return false,
-            Ok(_) if !recovery_core::materialized::is_blank_line(&line) => return true,
-            Ok(_) => {}
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(false);
+        }
+        let (bytes, terminated) = match line.strip_suffix(b"\n") {
+            Some(bytes) => (bytes, true),
+            None => (line.as_slice(), false),
+        };
+        if wanted(bytes, terminated) {
+            return Ok(true);
         }
     }
+}
+
+/// Whether an outcome file saved anything: a line that is not blank (as `str.strip()` reads
+/// blank; hostile review 36: a file of blank lines was imported). An unreadable file is
+/// refused later, by the import's own reading.
+fn holds_an_outcome(path: &Path) -> bool {
+    holds_line(path, |bytes, _| {
+        !recovery_core::materialized::is_blank_line(bytes)
+    })
+    .unwrap_or(false)
+}
+
+/// A plan state's name as the API writes it (`judge_recoverable`).
+fn state_name(state: PlanState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }

@@ -1793,17 +1793,6 @@ impl Store {
         rows.iter().map(Self::lease_from_row).collect()
     }
 
-    /// Leases of any replica past their expiry at `now` that no sweep ended (their service
-    /// was down when they expired).
-    pub async fn expired_leases_of_any_replica(&self, now: &str) -> Result<Vec<Lease>, StoreError> {
-        let sql = format!(
-            "SELECT {} FROM leases WHERE expires_at <= $1",
-            Self::LEASE_COLUMNS
-        );
-        let rows = sqlx::query(&sql).bind(now).fetch_all(&self.pool).await?;
-        rows.iter().map(Self::lease_from_row).collect()
-    }
-
     /// Makes `replica` the holder of a live lease's locks (it took them again after the
     /// replica that held them stopped); `false` when the lease ended meanwhile.
     pub async fn adopt_lease(
@@ -1826,15 +1815,20 @@ impl Store {
         Ok(result?.rows_affected() == 1)
     }
 
-    /// Leases a replica holds that expired at `now` (the sweeper releases their locks).
-    pub async fn expired_leases(&self, replica: &str, now: &str) -> Result<Vec<Lease>, StoreError> {
+    /// Leases past their expiry at `now`: one replica's (the sweeper releases their locks), or
+    /// every replica's (`None`: those no sweep ended, their service down when they expired).
+    pub async fn expired_leases(
+        &self,
+        replica: Option<&str>,
+        now: &str,
+    ) -> Result<Vec<Lease>, StoreError> {
         let sql = format!(
-            "SELECT {} FROM leases WHERE replica = $1 AND expires_at <= $2",
+            "SELECT {} FROM leases WHERE expires_at <= $1 AND ($2 IS NULL OR replica = $2)",
             Self::LEASE_COLUMNS
         );
         let rows = sqlx::query(&sql)
-            .bind(replica)
             .bind(now)
+            .bind(replica)
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(Self::lease_from_row).collect()

@@ -981,14 +981,14 @@ async fn leases_are_exclusive_until_they_expire_and_takeovers_return_the_previou
         );
         assert!(
             store
-                .expired_leases("replica-a", &time(15))
+                .expired_leases(Some("replica-a"), &time(15))
                 .await
                 .expect("expired")
                 .is_empty()
         );
         assert_eq!(
             store
-                .expired_leases("replica-a", &time(16))
+                .expired_leases(Some("replica-a"), &time(16))
                 .await
                 .expect("expired")
                 .len(),

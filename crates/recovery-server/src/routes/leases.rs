@@ -149,10 +149,14 @@ pub async fn acquire(
 /// lease's own lock (before a release: a collector started once the release answered never
 /// finds the run's lock taken for it).
 async fn write_coverage(state: &AppState, run_id: &str) {
-    let Ok((_, paths)) = state.run(run_id).await else {
-        return;
-    };
-    match state.registry.lock(&paths).await {
+    if let Ok((_, paths)) = state.run(run_id).await {
+        write_coverage_of(state, run_id, &paths).await;
+    }
+}
+
+/// [`write_coverage`] of a run whose paths the caller has.
+async fn write_coverage_of(state: &AppState, run_id: &str, paths: &recovery_sidecar::SidecarPaths) {
+    match state.registry.lock(paths).await {
         Ok(run) => {
             state
                 .registry
@@ -234,7 +238,7 @@ pub async fn release(
             .await
             .is_ok()
     {
-        write_coverage(&state, &run_id).await;
+        write_coverage_of(&state, &run_id, &paths).await;
     }
     state
         .leases
