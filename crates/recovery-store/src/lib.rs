@@ -14,12 +14,14 @@
 //! first), under an epoch that changes when the database is made again, for followers.
 
 mod checkpoint;
+mod driftpages;
 mod owner;
 mod records;
 mod rowcache;
 
 pub use records::*;
 
+use driftpages::{DriftPages, DriftVersion};
 use owner::Owner;
 
 use recovery_core::identity::redaction::is_credential_name;
@@ -109,6 +111,9 @@ pub struct Store {
     owner: Arc<Owner>,
     /// SQLite's WAL checkpoints, off the writers' path (see [`checkpoint`]).
     checkpointer: Option<Arc<checkpoint::Checkpointer>>,
+    /// Drift pages answered before, each with the history's version it was read at (see
+    /// [`driftpages`]).
+    drift_pages: Arc<DriftPages>,
 }
 
 /// An event row written through the group commit ([`Store::insert_grouped`]).
@@ -224,6 +229,45 @@ pub struct RenderedDriftPage {
     pub next: Option<Cursor>,
 }
 
+/// Lays out the rows of a page's database text (`page_size` events at most, one more when
+/// another follows) as the API's JSON array, and where the next page starts.
+fn render_drift_page(
+    text: &str,
+    page_size: usize,
+    newest_first: bool,
+) -> Result<RenderedDriftPage, StoreError> {
+    let mut rows: Vec<RawDriftRow> = serde_json::from_str(text)?;
+    // As in `query_drift`. Both fields are stored plain (a normalized time, a hex id), so
+    // their JSON texts without the quotes order as the strings do.
+    rows.sort_unstable_by(|a, b| (a.at(), a.id()).cmp(&(b.at(), b.id())));
+    if newest_first {
+        rows.reverse();
+    }
+    let more = rows.len() > page_size;
+    rows.truncate(page_size);
+    let next = match rows.last().filter(|_| more) {
+        Some(last) => Some(Cursor {
+            at: serde_json::from_str(last.0[2].get())?,
+            id: serde_json::from_str(last.0[0].get())?,
+        }),
+        None => None,
+    };
+    let mut events_json = String::with_capacity(text.len() + rows.len() * 100);
+    events_json.push('[');
+    for (n, RawDriftRow(fields)) in rows.iter().enumerate() {
+        if n > 0 {
+            events_json.push(',');
+        }
+        for (name, value) in DRIFT_EVENT_FIELDS.iter().zip(fields) {
+            events_json.push_str(name);
+            events_json.push_str(value.get());
+        }
+        events_json.push('}');
+    }
+    events_json.push(']');
+    Ok(RenderedDriftPage { events_json, next })
+}
+
 /// A drift event and its recorded position, as [`Store::follow_drift`] has the database build.
 #[derive(serde::Deserialize)]
 struct FollowedRow(String, String, String, String, String, Vec<String>, i64);
@@ -232,6 +276,11 @@ struct FollowedRow(String, String, String, String, String, Vec<String>, i64);
 /// before it draws recorded positions, so that positions are drawn and committed in one order
 /// (migration 0009). Any constant works; this one spells "driftseq".
 const DRIFT_RECORD_LOCK: i64 = 0x6472_6966_7473_6571;
+
+/// The drift history's version (see [`driftpages`]) as two columns of a `SELECT`: the recorded
+/// order's highest position and its epoch.
+const DRIFT_VERSION: &str = "(SELECT COALESCE(MAX(seq), 0) FROM drift_recorded), \
+                             (SELECT epoch FROM drift_recorded_epoch)";
 
 impl DriftRow {
     fn into_event(self) -> DriftEvent {
@@ -704,6 +753,7 @@ impl Store {
             group: Arc::default(),
             owner,
             checkpointer,
+            drift_pages: Arc::default(),
         })
     }
 
@@ -1169,7 +1219,7 @@ impl Store {
     /// time order, a run by the run index, time bounds and cursors as index ranges (a deep page
     /// costs what the first does).
     pub async fn query_drift(&self, filter: &DriftFilter) -> Result<Vec<DriftEvent>, StoreError> {
-        let text = self.drift_page_text(filter, filter.limit).await?;
+        let (text, _) = self.drift_page_text(filter, filter.limit).await?;
         let mut rows: Vec<DriftRow> = serde_json::from_str(&text)?;
         // The aggregate keeps no promised order (ordering it in SQL made SQLite sort the page
         // again in a temporary table); the page is the inner query's, in (time, id) order.
@@ -1183,53 +1233,42 @@ impl Store {
     /// A page of [`Store::query_drift`] (`filter.limit` events at most) as the JSON array the
     /// API answers with, and where the next page starts when more events match. The database's
     /// JSON text is passed through, never read into events and written out again: for a page of
-    /// 1,000 events that round trip was a third of the service's CPU (profiled).
+    /// 1,000 events that round trip was a third of the service's CPU (profiled). A page asked
+    /// for again while the history is unchanged is answered from memory ([`driftpages`]).
     pub async fn query_drift_rendered(
         &self,
         filter: &DriftFilter,
-    ) -> Result<RenderedDriftPage, StoreError> {
-        let page = filter.limit.clamp(1, MAX_ROWS - 1) as usize;
+    ) -> Result<Arc<RenderedDriftPage>, StoreError> {
+        let current = self.drift_version().await?;
+        if let Some(page) = self.drift_pages.get(filter, &current) {
+            return Ok(page);
+        }
+        let page_size = filter.limit.clamp(1, MAX_ROWS - 1) as usize;
         // One more than the page: a cursor is given only when another event follows.
-        let text = self.drift_page_text(filter, page as u32 + 1).await?;
-        let mut rows: Vec<RawDriftRow> = serde_json::from_str(&text)?;
-        // As in `query_drift`. Both fields are stored plain (a normalized time, a hex id), so
-        // their JSON texts without the quotes order as the strings do.
-        rows.sort_unstable_by(|a, b| (a.at(), a.id()).cmp(&(b.at(), b.id())));
-        if filter.newest_first {
-            rows.reverse();
-        }
-        let more = rows.len() > page;
-        rows.truncate(page);
-        let next = match rows.last().filter(|_| more) {
-            Some(last) => Some(Cursor {
-                at: serde_json::from_str(last.0[2].get())?,
-                id: serde_json::from_str(last.0[0].get())?,
-            }),
-            None => None,
-        };
-        let mut events_json = String::with_capacity(text.len() + rows.len() * 100);
-        events_json.push('[');
-        for (n, RawDriftRow(fields)) in rows.iter().enumerate() {
-            if n > 0 {
-                events_json.push(',');
-            }
-            for (name, value) in DRIFT_EVENT_FIELDS.iter().zip(fields) {
-                events_json.push_str(name);
-                events_json.push_str(value.get());
-            }
-            events_json.push('}');
-        }
-        events_json.push(']');
-        Ok(RenderedDriftPage { events_json, next })
+        let (text, version) = self.drift_page_text(filter, page_size as u32 + 1).await?;
+        let page = Arc::new(render_drift_page(&text, page_size, filter.newest_first)?);
+        self.drift_pages
+            .keep(filter.clone(), version, Arc::clone(&page));
+        Ok(page)
+    }
+
+    /// The drift history's version as it is now (see [`driftpages`]): one lookup of the
+    /// recorded order's highest position (its primary key) and its epoch.
+    async fn drift_version(&self) -> Result<DriftVersion, StoreError> {
+        let (head, epoch) = sqlx::query_as::<_, (i64, String)>(&format!("SELECT {DRIFT_VERSION}"))
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(DriftVersion { epoch, head })
     }
 
     /// The JSON array of `[event_id, run_id, at, saved, current, keys]` rows the database builds
-    /// for a page of `filter` with `limit` rows at most (in no promised order).
+    /// for a page of `filter` with `limit` rows at most (in no promised order), and the
+    /// history's version the same statement read.
     async fn drift_page_text(
         &self,
         filter: &DriftFilter,
         limit: u32,
-    ) -> Result<String, StoreError> {
+    ) -> Result<(String, DriftVersion), StoreError> {
         let mut binds: Vec<String> = Vec::new();
         let next = |value: &str, binds: &mut Vec<String>| {
             binds.push(value.to_owned());
@@ -1288,18 +1327,19 @@ impl Store {
         let page = match self.backend {
             Backend::Sqlite => format!(
                 "SELECT json_group_array(json_array(event_id, run_id, at, saved_config_digest, \
-                 current_config_digest, json(operational_keys))) FROM ({sql})"
+                 current_config_digest, json(operational_keys))), {DRIFT_VERSION} FROM ({sql})"
             ),
             Backend::Postgres => format!(
                 "SELECT COALESCE(json_agg(json_build_array(event_id, run_id, at, saved_config_digest, \
-                 current_config_digest, operational_keys::json))::text, '[]') FROM ({sql}) AS page"
+                 current_config_digest, operational_keys::json))::text, '[]'), {DRIFT_VERSION} FROM ({sql}) AS page"
             ),
         };
-        let mut query = sqlx::query_scalar::<_, String>(&page);
+        let mut query = sqlx::query_as::<_, (String, i64, String)>(&page);
         for value in &binds {
             query = query.bind(value.as_str());
         }
-        Ok(query.fetch_one(&self.pool).await?)
+        let (text, head, epoch) = query.fetch_one(&self.pool).await?;
+        Ok((text, DriftVersion { epoch, head }))
     }
 
     /// Drift events recorded after a position, in the order they were recorded (which is the

@@ -55,7 +55,7 @@ pub struct DriftEvent {
 }
 
 /// A keyset pagination cursor: the (time, id) of the last item seen.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Cursor {
     pub at: String,
     pub id: String,
@@ -77,7 +77,7 @@ impl Cursor {
 }
 
 /// Which drift events to list.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct DriftFilter {
     pub run_id: Option<String>,
     pub key: Option<String>,

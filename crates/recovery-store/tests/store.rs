@@ -439,7 +439,7 @@ async fn rendered_drift_pages_hold_what_query_drift_reads_and_page_through_every
                             "written as DriftEvent serializes: {filter:?}"
                         );
                         walked.extend(read);
-                        match page.next {
+                        match page.next.clone() {
                             Some(cursor) => {
                                 let last = walked.last().expect("a page before a cursor");
                                 assert_eq!((&cursor.at, &cursor.id), (&last.at, &last.event_id));
@@ -454,6 +454,152 @@ async fn rendered_drift_pages_hold_what_query_drift_reads_and_page_through_every
         }
     })
     .await;
+}
+
+fn drift(id: &str, run_id: &str, second: u32) -> DriftEvent {
+    DriftEvent {
+        event_id: id.into(),
+        run_id: run_id.into(),
+        at: time(second),
+        saved_config_digest: "c".into(),
+        current_config_digest: "d".into(),
+        operational_keys: vec!["servers.a.port".into()],
+    }
+}
+
+/// Pages are kept between requests (`driftpages.rs`): the same page is answered from memory
+/// while the history is unchanged, and built again after any event is inserted (whatever its
+/// filter: the version is the whole history's) or the history is numbered anew.
+#[tokio::test]
+async fn a_drift_page_is_answered_again_only_while_the_history_is_unchanged() {
+    with_each_backend(|store| async move {
+        for n in 0..5 {
+            store
+                .insert_drift_event(&drift(&format!("e{n}"), "r1", n))
+                .await
+                .expect("insert");
+        }
+        let filter = DriftFilter {
+            run_id: Some("r1".into()),
+            limit: 1000,
+            newest_first: true,
+            ..Default::default()
+        };
+        let first = store.query_drift_rendered(&filter).await.expect("page");
+        let again = store.query_drift_rendered(&filter).await.expect("page");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "an unchanged history's page is kept"
+        );
+        // An event of another run changes the version, not the page's events.
+        store
+            .insert_drift_event(&drift("other", "r2", 9))
+            .await
+            .expect("insert");
+        let after_other = store.query_drift_rendered(&filter).await.expect("page");
+        assert!(
+            !Arc::ptr_eq(&first, &after_other),
+            "built again after an insert"
+        );
+        assert_eq!(after_other.events_json, first.events_json);
+        store
+            .insert_drift_event(&drift("late", "r1", 2))
+            .await
+            .expect("insert");
+        let after_late = store.query_drift_rendered(&filter).await.expect("page");
+        let read: Vec<DriftEvent> = serde_json::from_str(&after_late.events_json).expect("JSON");
+        assert_eq!(read, store.query_drift(&filter).await.expect("query"));
+        assert!(read.iter().any(|e| e.event_id == "late"), "{read:?}");
+        store.renumber_drift_followers().await.expect("renumber");
+        let renumbered = store.query_drift_rendered(&filter).await.expect("page");
+        assert!(
+            !Arc::ptr_eq(&after_late, &renumbered),
+            "a new epoch is a new history"
+        );
+        assert_eq!(renumbered.events_json, after_late.events_json);
+    })
+    .await;
+}
+
+/// Read-your-writes through the kept pages: 8 writers each insert events one by one and, after
+/// each, read the page every writer shares (one run, newest first); the event just inserted is
+/// always in it, while the others keep inserting and reading the same page.
+#[tokio::test]
+async fn concurrent_writers_always_find_their_event_in_the_shared_drift_page() {
+    with_each_backend(|store| async move {
+        let start = Arc::new(tokio::sync::Barrier::new(8));
+        let writers: Vec<_> = (0..8u32)
+            .map(|w| {
+                let (store, start) = (store.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    let filter = DriftFilter {
+                        run_id: Some("hot".into()),
+                        limit: 1000,
+                        newest_first: true,
+                        ..Default::default()
+                    };
+                    for n in 0..20u32 {
+                        let id = format!("w{w}-{n}");
+                        store
+                            .insert_drift_event(&drift(&id, "hot", (w * 20 + n) % 60))
+                            .await
+                            .expect("insert");
+                        let page = store.query_drift_rendered(&filter).await.expect("page");
+                        let read: Vec<DriftEvent> =
+                            serde_json::from_str(&page.events_json).expect("JSON");
+                        assert!(read.iter().any(|e| e.event_id == id), "{id} missing");
+                    }
+                })
+            })
+            .collect();
+        for writer in writers {
+            writer.await.expect("writer");
+        }
+        let filter = DriftFilter {
+            run_id: Some("hot".into()),
+            limit: 1000,
+            ..Default::default()
+        };
+        let page = store.query_drift_rendered(&filter).await.expect("page");
+        let read: Vec<DriftEvent> = serde_json::from_str(&page.events_json).expect("JSON");
+        assert_eq!(read.len(), 160);
+    })
+    .await;
+}
+
+/// Replicas on one PostgreSQL database keep pages each: an event another replica inserted is in
+/// the next page this one answers (the version is read from the database, not kept in memory).
+#[tokio::test]
+async fn a_drift_page_kept_by_one_replica_shows_what_another_replica_inserted() {
+    let database = PostgresDatabase::create().await;
+    let one = Store::connect(&database.url).await.expect("one");
+    let other = Store::connect(&database.url).await.expect("other");
+    one.insert_drift_event(&drift("first", "r", 1))
+        .await
+        .expect("insert");
+    let filter = DriftFilter {
+        limit: 10,
+        ..Default::default()
+    };
+    let before = one.query_drift_rendered(&filter).await.expect("page");
+    assert!(Arc::ptr_eq(
+        &before,
+        &one.query_drift_rendered(&filter).await.expect("page")
+    ));
+    other
+        .insert_drift_event(&drift("second", "r", 2))
+        .await
+        .expect("insert");
+    let after = one.query_drift_rendered(&filter).await.expect("page");
+    let read: Vec<DriftEvent> = serde_json::from_str(&after.events_json).expect("JSON");
+    assert_eq!(
+        read.iter().map(|e| e.event_id.as_str()).collect::<Vec<_>>(),
+        ["first", "second"]
+    );
+    one.close().await;
+    other.close().await;
+    database.drop_database().await;
 }
 
 #[tokio::test]

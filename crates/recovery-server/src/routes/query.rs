@@ -286,7 +286,7 @@ async fn drift_page(
     };
     let page = state.registry.store().query_drift_rendered(&filter).await?;
     // The events are the database's JSON text, passed through ([`DriftPage`]'s shape).
-    let next_cursor = serde_json::to_string(&page.next.map(|cursor| cursor.encode()))
+    let next_cursor = serde_json::to_string(&page.next.as_ref().map(|cursor| cursor.encode()))
         .map_err(|e| ApiError::internal("serialising the answer", e))?;
     let body = format!(
         "{{\"events\":{},\"next_cursor\":{next_cursor},\"follow_cursor\":null}}",
