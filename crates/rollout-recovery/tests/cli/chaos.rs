@@ -259,6 +259,8 @@ struct Acks {
     revoke_unknown: BTreeSet<String>,
     /// (superseded run, the run found on disk after it).
     superseded: Vec<(String, String)>,
+    /// Runs with an acknowledged resume that opted in to retrying terminal timeouts.
+    opted_in: BTreeSet<String>,
     replaces: usize,
 }
 
@@ -817,7 +819,14 @@ impl Chaos {
     async fn validate(&self, slot: usize, run_id: &str, lease: &str, rng: &mut Rng) -> bool {
         let port = 9000 + rng.below(500) as i64;
         let path = format!("/runs/{run_id}/validate");
-        let body = json!({"config": config(0.3), "global_config": global(port),
+        // One resume in eight opts in to retrying terminal timeouts: the manifest write it
+        // makes is killed in the middle like every other.
+        let opts_in = rng.below(8) == 0;
+        let mut settings = config(0.3);
+        if opts_in {
+            settings["retry_terminal_timeouts"] = json!(true);
+        }
+        let body = json!({"config": settings, "global_config": global(port),
             "source_path": self.root.join("src/train.jsonl"), "lease_id": lease});
         let reply = self
             .send(reqwest::Method::POST, &path, COLLECTOR, Some(&body))
@@ -831,7 +840,11 @@ impl Chaos {
                 if answer["run_id"].as_str() != Some(run_id) {
                     self.unexpected("validate answered another run", &path, None, 200, answer);
                 }
-                self.acks().drift.push((run_id.to_owned(), id));
+                let mut acks = self.acks();
+                acks.drift.push((run_id.to_owned(), id));
+                if opts_in {
+                    acks.opted_in.insert(run_id.to_owned());
+                }
                 true
             }
             _ => {
@@ -1356,6 +1369,28 @@ async fn a_chaos_of_concurrent_clients_and_sigkills_loses_no_acknowledged_change
         }
     }
 
+    // An acknowledged opt-in to retrying terminal timeouts is kept in its run's manifest.
+    for run in &acks.opted_in {
+        let manifest = &on_disk
+            .get(run)
+            .unwrap_or_else(|| panic!("no manifest on disk for run {run}"))
+            .manifest;
+        assert_eq!(
+            manifest["retry_terminal_timeouts"],
+            json!(true),
+            "run {run} acknowledged an opt-in its manifest lost"
+        );
+    }
+    // Coverage snapshots (written at every lease grant and release) are whole documents.
+    for output in &outputs {
+        let coverage = recovery_sidecar::SidecarPaths::for_output(output).coverage;
+        if let Ok(text) = std::fs::read(&coverage) {
+            let snapshot: Value = serde_json::from_slice(&text)
+                .unwrap_or_else(|e| panic!("{} is not a whole document: {e}", coverage.display()));
+            assert!(snapshot.is_object(), "{}: {snapshot}", coverage.display());
+        }
+    }
+
     // Approvals: an acknowledged one is a line of its run's journal until its acknowledged
     // revocation removes it; the database's unrevoked approvals are the journal's lines.
     let approval_lines = |run: &str| -> BTreeSet<String> {
@@ -1475,7 +1510,7 @@ async fn a_chaos_of_concurrent_clients_and_sigkills_loses_no_acknowledged_change
 
     let elapsed = began.elapsed();
     eprintln!(
-        "chaos: {KILLS} SIGKILLs, {iterations} client iterations, {} reservations, {} drift events, {} extensions, {} admissions ({} closed), {} approvals ({} revoked), {} replacements, {} runs superseded, {removed} temporaries removed at restarts; chaos {chaos_done:?}, total {elapsed:?}",
+        "chaos: {KILLS} SIGKILLs, {iterations} client iterations, {} reservations, {} drift events, {} extensions, {} admissions ({} closed), {} approvals ({} revoked), {} replacements, {} runs superseded, {} runs opted in, {removed} temporaries removed at restarts; chaos {chaos_done:?}, total {elapsed:?}",
         acks.reservations.len(),
         acks.drift.len(),
         acks.extensions.len(),
@@ -1485,6 +1520,7 @@ async fn a_chaos_of_concurrent_clients_and_sigkills_loses_no_acknowledged_change
         acks.revoked.len(),
         acks.replaces,
         acks.superseded.len(),
+        acks.opted_in.len(),
     );
     assert!(
         !acks.reservations.is_empty() && !acks.drift.is_empty() && !acks.extensions.is_empty(),
@@ -2081,4 +2117,160 @@ async fn post(client: &reqwest::Client, server: &Server, path: &str, body: Value
         Some(body),
     )
     .await
+}
+
+/// Legacy imports (`POST /runs/import_legacy`: outcome files created, manifest written, run
+/// recorded, audited) SIGKILLed in the middle: in each round eight outputs from before
+/// manifests are imported at once and the service is killed at a random moment (odd rounds:
+/// after the first answer). After a restart every output is imported whole or not at all: one
+/// with a manifest has both outcome files and its run is known to the service under that output
+/// (an acknowledged import's run is the one its manifest names); one without was not
+/// acknowledged, and imports at the next try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn legacy_imports_killed_in_the_middle_leave_each_output_imported_whole_or_not_at_all() {
+    const ROUNDS: u64 = 6;
+    const OUTPUTS: u64 = 8;
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let log = dir.path().join("service.log");
+    let mut rng = Rng::new(seed());
+    let client = reqwest::Client::new();
+    let mut server = Server::start_with(&data, &root, None, &[], &log);
+    let (mut acknowledged, mut retried, mut killed_mid_way) = (0, 0, 0);
+    for round in 0..ROUNDS {
+        let outputs: Vec<PathBuf> = (0..OUTPUTS)
+            .map(|n| {
+                let output = root.join(format!("legacy-{round}-{n}/out.jsonl"));
+                let paths = recovery_sidecar::SidecarPaths::for_output(&output);
+                std::fs::create_dir_all(output.parent().expect("dir")).expect("dir");
+                std::fs::write(
+                    &paths.materialized,
+                    "{\"_ng_task_index\":0,\"_ng_rollout_index\":0,\"q\":\"1+1?\"}\n",
+                )
+                .expect("materialized");
+                std::fs::write(
+                    &output,
+                    "{\"_ng_task_index\":0,\"_ng_rollout_index\":0,\"reward\":1.0,\"response\":{\"output\":[],\"status\":\"completed\"}}\n",
+                )
+                .expect("results");
+                output
+            })
+            .collect();
+        let (answered_tx, mut answered) = tokio::sync::mpsc::unbounded_channel();
+        let imports: Vec<_> = outputs
+            .iter()
+            .map(|output| {
+                let (client, url, answered_tx) =
+                    (client.clone(), server.url.clone(), answered_tx.clone());
+                let body = json!({"output_path": output, "allow_unsafe": true});
+                tokio::spawn(async move {
+                    let reply = client
+                        .post(format!("{url}/runs/import_legacy"))
+                        .bearer_auth(COLLECTOR)
+                        .json(&body)
+                        .send()
+                        .await
+                        .ok()?;
+                    let status = reply.status().as_u16();
+                    let answer: Value = reply.json().await.ok()?;
+                    let _ = answered_tx.send(());
+                    Some((status, answer))
+                })
+            })
+            .collect();
+        if round % 2 == 1 {
+            answered.recv().await;
+        } else {
+            tokio::time::sleep(rng.between_ms(0, 40)).await;
+        }
+        server.kill();
+        let mut acks: BTreeMap<PathBuf, String> = BTreeMap::new();
+        for (output, import) in outputs.iter().zip(imports) {
+            match import.await.expect("import task") {
+                Some((201, answer)) => {
+                    let run_id = answer["run_id"].as_str().expect("run id").to_owned();
+                    acks.insert(output.clone(), run_id);
+                }
+                Some((status, answer)) => {
+                    panic!("import of {}: {status} {answer}", output.display())
+                }
+                None => killed_mid_way += 1,
+            }
+        }
+        acknowledged += acks.len();
+        let started = SystemTime::now();
+        server = Server::start_with(&data, &root, None, &[], &log);
+        for (path, modified) in temporaries(&root) {
+            assert!(
+                modified >= started,
+                "{} was left by the killed service and survived its restart",
+                path.display()
+            );
+        }
+        for output in &outputs {
+            let paths = recovery_sidecar::SidecarPaths::for_output(output);
+            let Ok(text) = std::fs::read(&paths.manifest) else {
+                assert!(
+                    !acks.contains_key(output),
+                    "{}: an acknowledged import has no manifest",
+                    output.display()
+                );
+                let (status, answer) = super::call(
+                    &client,
+                    &server,
+                    reqwest::Method::POST,
+                    "/runs/import_legacy",
+                    COLLECTOR,
+                    Some(json!({"output_path": output, "allow_unsafe": true})),
+                )
+                .await;
+                assert_eq!(status, 201, "{}: {answer}", output.display());
+                retried += 1;
+                continue;
+            };
+            let manifest: Value = serde_json::from_slice(&text).expect("a whole manifest");
+            let run_id = manifest["run_id"].as_str().expect("run id");
+            if let Some(acked) = acks.get(output) {
+                assert_eq!(acked, run_id, "{}", output.display());
+            }
+            assert!(
+                paths.failures.exists(),
+                "{}: no failures file",
+                output.display()
+            );
+            let (status, record) = super::call(
+                &client,
+                &server,
+                reqwest::Method::GET,
+                &format!("/runs/{run_id}"),
+                VIEWER,
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{}: {record}", output.display());
+            assert_eq!(record["run"]["output_path"], json!(output), "{record}");
+            let (status, again) = super::call(
+                &client,
+                &server,
+                reqwest::Method::POST,
+                "/runs/import_legacy",
+                COLLECTOR,
+                Some(json!({"output_path": output, "allow_unsafe": true})),
+            )
+            .await;
+            assert_eq!(
+                (status, again["details"]["run_id"].as_str()),
+                (409, Some(run_id)),
+                "{again}"
+            );
+        }
+    }
+    eprintln!(
+        "legacy imports: {ROUNDS} kills, {acknowledged} acknowledged, {killed_mid_way} without an answer, {retried} imported at the next try"
+    );
+    assert!(
+        retried + acknowledged > 0 && killed_mid_way > 0,
+        "the kills fell in the middle of imports ({killed_mid_way} unanswered)"
+    );
 }
