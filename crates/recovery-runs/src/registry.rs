@@ -16,7 +16,7 @@ use crate::events::{
 };
 use crate::groupcommit::GroupJournals;
 use crate::leases::Leases;
-use crate::runlock::{LockedRun, RunLockError, RunLocks, RunSection, SharedRun};
+use crate::runlock::{LockedRun, RowsGuard, RunLockError, RunLocks, RunSection, SharedRun};
 use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
@@ -24,7 +24,8 @@ use recovery_sidecar::{
     read_lines_batch, read_lines_from,
 };
 use recovery_store::{
-    Approval, AttemptExtension, DriftEvent, Rejudgment, Resubmit, RunRecord, Store, StoreError,
+    Approval, AttemptExtension, Backend, DriftEvent, Rejudgment, Resubmit, RunRecord, Store,
+    StoreError,
 };
 use serde_json::Value;
 use std::os::unix::fs::MetadataExt;
@@ -683,10 +684,48 @@ impl Registry {
         let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
         let manifests = blocking(move || Ok(find_manifests(&roots))).await?;
         let mut report = ReindexReport::default();
-        for manifest_path in manifests {
-            report.absorb(self.reindex_manifest(&manifest_path).await?);
+        for group in manifests.chunks(self.merged_runs()) {
+            let _rows = self.lock_rows_of(group).await?;
+            let mut journals = Vec::new();
+            for manifest_path in group {
+                report.absorb(
+                    self.reindex_unlocked(manifest_path, Some(&mut journals))
+                        .await?,
+                );
+            }
+            self.reindex_drift_merged(journals, &mut report).await?;
         }
         Ok(report)
+    }
+
+    /// How many runs a reindex takes together, their drift journals merged into one time
+    /// order. SQLite inserts into the time-ordered tables at their end, where journals read one
+    /// after the other insert each run's whole history between the previous runs' events
+    /// (measured, 1M lines over 4 runs: 134k lines/s one after the other, 228k lines/s when the
+    /// runs' times do not overlap). On PostgreSQL every run's section holds one of a few pooled
+    /// connections (its advisory lock), so runs are taken one at a time there.
+    fn merged_runs(&self) -> usize {
+        match self.store.backend() {
+            Backend::Sqlite => MERGED_RUNS,
+            Backend::Postgres => 1,
+        }
+    }
+
+    /// The row locks of the runs whose manifests are `group`, taken in the order of their lock
+    /// paths (each once: two manifests may be one run's lock): any two holders of several wait
+    /// for them in the same order, and every other holder holds one.
+    async fn lock_rows_of(&self, group: &[PathBuf]) -> Result<Vec<RowsGuard>, RegistryError> {
+        let mut paths: Vec<SidecarPaths> = group
+            .iter()
+            .map(|manifest| SidecarPaths::for_output(&output_for_manifest(manifest)))
+            .collect();
+        paths.sort_by(|a, b| a.run_lock.cmp(&b.run_lock));
+        paths.dedup_by(|a, b| a.run_lock == b.run_lock);
+        let mut guards = Vec::with_capacity(paths.len());
+        for paths in &paths {
+            guards.push(self.locks.lock_rows(paths).await?);
+        }
+        Ok(guards)
     }
 
     /// Adopts the run that the files at `output` hold (its manifest), whether or not the
@@ -711,7 +750,7 @@ impl Registry {
         if !blocking(move || Ok(manifest_path.is_file())).await? {
             return Ok(None);
         }
-        self.reindex_unlocked(&paths.manifest).await?;
+        self.reindex_unlocked(&paths.manifest, None).await?;
         Ok(self
             .store
             .find_run_by_output(&paths.output.display().to_string())
@@ -784,12 +823,14 @@ impl Registry {
         let Some(mark) = self.journal_mark(path).await? else {
             return Ok(());
         };
-        let mut batch = read_drift_batch(run_id, path, mark.start).await?;
+        let mut batch = read_drift_batch(run_id, path, mark.start, DRIFT_BATCH).await?;
         loop {
             let (events, end, full) = match batch {
                 Ok(parsed) => {
                     report.unreadable.extend(parsed.unreadable);
-                    (parsed.events, parsed.end, parsed.full)
+                    let events: Vec<DriftEvent> =
+                        parsed.events.into_iter().map(|(_, event)| event).collect();
+                    (events, parsed.end, parsed.full)
                 }
                 // A journal that cannot be read (a symbolic link, which is never followed, or
                 // an IO error) is reported: reindex never fails on one run's files.
@@ -809,9 +850,57 @@ impl Registry {
                 report.drift_inserted += insert.await?;
                 return Ok(());
             }
-            let (inserted, next) = tokio::join!(insert, read_drift_batch(run_id, path, end));
+            let (inserted, next) =
+                tokio::join!(insert, read_drift_batch(run_id, path, end, DRIFT_BATCH));
             report.drift_inserted += inserted?;
             batch = next?;
+        }
+    }
+
+    /// Indexes the drift journals of runs whose rows are locked, merged into one time order: a
+    /// batch of the earliest events of all of them at a time (each journal read a batch at a
+    /// time, so memory stays bounded), inserted in one transaction, then every journal's mark
+    /// moved past the lines of it that batch took (a prefix of the journal, so an interrupted
+    /// reindex starts again where its last batch ended). The next batch is merged while the
+    /// database inserts the current one. One journal is indexed on its own.
+    async fn reindex_drift_merged(
+        &self,
+        journals: Vec<(String, PathBuf)>,
+        report: &mut ReindexReport,
+    ) -> Result<(), RegistryError> {
+        if let [(run_id, path)] = journals.as_slice() {
+            return self.reindex_drift(run_id, path, report).await;
+        }
+        // Each journal read in parts of about its share of a merged batch: then every merge
+        // step reads and parses about one batch while the database inserts the previous one.
+        let share = (MERGED_BATCH / journals.len().max(1)).max(1000);
+        let mut merging = Vec::with_capacity(journals.len());
+        for (run_id, path) in journals {
+            if let Some(mark) = self.journal_mark(&path).await? {
+                merging.push(MergedJournal::new(run_id, path, mark, share));
+            }
+        }
+        let mut merged = merge_drift_batch(&mut merging, report).await?;
+        loop {
+            let (events, marks) = merged;
+            let insert = async {
+                let inserted = self.store.insert_drift_events(&events).await?;
+                for (path, mark, end) in &marks {
+                    self.advance_mark(path, Some(*mark), Some(*end)).await?;
+                }
+                Ok::<_, RegistryError>(inserted)
+            };
+            if events.is_empty() {
+                // Journals of unreadable lines only are passed too.
+                insert.await?;
+                return Ok(());
+            }
+            let mut unreadable = ReindexReport::default();
+            let (inserted, next) =
+                tokio::join!(insert, merge_drift_batch(&mut merging, &mut unreadable));
+            report.drift_inserted += inserted?;
+            report.unreadable.extend(unreadable.unreadable);
+            merged = next?;
         }
     }
 
@@ -852,10 +941,16 @@ impl Registry {
     ) -> Result<ReindexReport, RegistryError> {
         let paths = SidecarPaths::for_output(&output_for_manifest(manifest_path));
         let _rows = self.locks.lock_rows(&paths).await?;
-        self.reindex_unlocked(manifest_path).await
+        self.reindex_unlocked(manifest_path, None).await
     }
 
-    async fn reindex_unlocked(&self, manifest_path: &Path) -> Result<ReindexReport, RegistryError> {
+    /// Reindexes one run whose rows are locked. Its drift journal is indexed here, or, given
+    /// `merged_drift`, left there (run and path) for [`Self::reindex_drift_merged`].
+    async fn reindex_unlocked(
+        &self,
+        manifest_path: &Path,
+        merged_drift: Option<&mut Vec<(String, PathBuf)>>,
+    ) -> Result<ReindexReport, RegistryError> {
         let mut report = ReindexReport {
             manifests: 1,
             ..Default::default()
@@ -940,8 +1035,13 @@ impl Registry {
 
         let run_id = manifest.run_id.clone();
         // The append-only journals are read from where the last reindex left them (same file).
-        self.reindex_drift(&run_id, &paths.resume_drift, &mut report)
-            .await?;
+        match merged_drift {
+            Some(journals) => journals.push((run_id.clone(), paths.resume_drift.clone())),
+            None => {
+                self.reindex_drift(&run_id, &paths.resume_drift, &mut report)
+                    .await?;
+            }
+        }
         let extension_mark = self.journal_mark(&paths.attempt_extension).await?;
         let journals = (
             paths.rerun_masked.clone(),
@@ -1071,9 +1171,13 @@ struct JournalMark {
     start: u64,
 }
 
+/// A line that could not be indexed: where (path and offset) and why.
+type Unreadable = (String, String);
+
 /// One batch of a drift journal, parsed.
 struct DriftBatch {
-    events: Vec<DriftEvent>,
+    /// Each line's event and where the line ends.
+    events: Vec<(u64, DriftEvent)>,
     unreadable: Vec<(String, String)>,
     /// Where the batch's last line ends (where the next batch starts).
     end: u64,
@@ -1081,19 +1185,128 @@ struct DriftBatch {
     full: bool,
 }
 
-/// Reads and parses the batch of `path`'s lines that starts at byte `start` (blocking work,
+/// Runs whose drift journals one reindex merges (see [`Registry::merged_runs`]).
+const MERGED_RUNS: usize = 8;
+/// Events one transaction of a merged reindex inserts.
+const MERGED_BATCH: usize = 20_000;
+
+/// A drift journal being merged with others ([`Registry::reindex_drift_merged`]).
+struct MergedJournal {
+    run_id: String,
+    path: PathBuf,
+    mark: JournalMark,
+    /// The events of the batch read last not merged yet, each with where its line ends.
+    events: std::collections::VecDeque<(u64, DriftEvent)>,
+    /// Where the batch read last ends (where the next one starts).
+    batch_end: u64,
+    /// More lines may follow the batch read last.
+    more: bool,
+    /// Where the lines merged so far end: what the mark may move to once they are inserted.
+    merged_to: u64,
+    /// Lines read at a time.
+    batch_lines: usize,
+}
+
+impl MergedJournal {
+    fn new(run_id: String, path: PathBuf, mark: JournalMark, batch_lines: usize) -> Self {
+        Self {
+            run_id,
+            path,
+            mark,
+            batch_lines,
+            events: std::collections::VecDeque::new(),
+            batch_end: mark.start,
+            more: true,
+            merged_to: mark.start,
+        }
+    }
+
+    /// Reads the next batch once every event of the last one is merged.
+    async fn refill(&mut self, report: &mut ReindexReport) -> Result<(), RegistryError> {
+        if !self.events.is_empty() || !self.more {
+            return Ok(());
+        }
+        match read_drift_batch(&self.run_id, &self.path, self.batch_end, self.batch_lines).await? {
+            Ok(batch) => {
+                report.unreadable.extend(batch.unreadable);
+                self.events = batch.events.into();
+                self.batch_end = batch.end;
+                self.more = batch.full;
+                if self.events.is_empty() {
+                    self.merged_to = batch.end;
+                }
+            }
+            // Reported, and this journal is read no further (its mark stays): a reindex never
+            // fails on one run's files.
+            Err(e) => {
+                report
+                    .unreadable
+                    .push((self.path.display().to_string(), e.to_string()));
+                self.more = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next event in time order, taken (and how far this journal is then merged).
+    fn take(&mut self) -> Option<DriftEvent> {
+        let (end, event) = self.events.pop_front()?;
+        // A batch merged whole is merged to its end (past any unreadable lines at its end).
+        self.merged_to = if self.events.is_empty() {
+            self.batch_end
+        } else {
+            end
+        };
+        Some(event)
+    }
+}
+
+/// The next [`MERGED_BATCH`] events of `journals` in time order (each journal's own order kept
+/// where its times go back), and where each journal's mark may move once they are inserted.
+async fn merge_drift_batch(
+    journals: &mut [MergedJournal],
+    report: &mut ReindexReport,
+) -> Result<(Vec<DriftEvent>, Vec<(PathBuf, JournalMark, u64)>), RegistryError> {
+    let mut events = Vec::with_capacity(MERGED_BATCH);
+    while events.len() < MERGED_BATCH {
+        for journal in journals.iter_mut() {
+            journal.refill(report).await?;
+        }
+        let earliest = journals
+            .iter()
+            .enumerate()
+            .filter_map(|(n, journal)| Some((&journal.events.front()?.1.at, n)))
+            .min()
+            .map(|(_, n)| n);
+        let Some(event) = earliest.and_then(|n| journals[n].take()) else {
+            break;
+        };
+        events.push(event);
+    }
+    let marks = journals
+        .iter()
+        .map(|journal| (journal.path.clone(), journal.mark, journal.merged_to))
+        .collect();
+    Ok((events, marks))
+}
+
+/// Lines of a drift journal read at a time when it is indexed on its own.
+const DRIFT_BATCH: usize = 20_000;
+
+/// Reads and parses the batch of `path`'s `lines` lines that starts at byte `start` (blocking work,
 /// off the executor); the inner error is the journal's own (reported, never fatal).
 async fn read_drift_batch(
     run_id: &str,
     path: &Path,
     start: u64,
+    lines: usize,
 ) -> Result<Result<DriftBatch, std::io::Error>, RegistryError> {
-    const BATCH: usize = 20_000;
     let (read_path, run) = (path.to_owned(), run_id.to_owned());
     blocking(move || {
         Ok(
-            read_lines_batch(&read_path, start, BATCH).map(|(lines, end)| {
-                let full = lines.len() == BATCH;
+            read_lines_batch(&read_path, start, lines).map(|(lines_read, end)| {
+                let full = lines_read.len() == lines;
+                let lines = lines_read;
                 let (events, unreadable) = parse_drift_lines(&run, &read_path, lines);
                 DriftBatch {
                     events,
@@ -1134,18 +1347,21 @@ fn parse_drift_lines(
     run_id: &str,
     path: &Path,
     lines: Vec<(u64, Vec<u8>)>,
-) -> (Vec<DriftEvent>, Vec<(String, String)>) {
-    let parse = |part: &[(u64, Vec<u8>)]| -> Vec<Result<DriftEvent, (String, String)>> {
+) -> (Vec<(u64, DriftEvent)>, Vec<Unreadable>) {
+    let parse = |part: &[(u64, Vec<u8>)]| -> Vec<Result<(u64, DriftEvent), (String, String)>> {
         part.iter()
             .map(|(offset, bytes)| {
+                // The line and its newline.
+                let end = offset + bytes.len() as u64 + 1;
                 drift_line_event(run_id, *offset, bytes)
+                    .map(|event| (end, event))
                     .map_err(|why| (format!("{}@{offset}", path.display()), why))
             })
             .collect()
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let size = lines.len().div_ceil(threads).max(1024);
-    let parsed: Vec<Result<DriftEvent, (String, String)>> = std::thread::scope(|scope| {
+    let parsed: Vec<Result<(u64, DriftEvent), (String, String)>> = std::thread::scope(|scope| {
         let parts: Vec<_> = lines
             .chunks(size)
             .map(|part| scope.spawn(move || parse(part)))

@@ -1325,6 +1325,197 @@ async fn drift_times_written_with_offsets_are_indexed_as_the_instants_they_name(
     );
 }
 
+/// Manifests of runs at `<root>/<name>/out.jsonl`, each run's id its name's first letter
+/// (hex) repeated.
+fn runs_on_disk(
+    registry: &Registry,
+    root: &Path,
+    names: &[&str],
+) -> Vec<(SidecarPaths, RunManifest)> {
+    names
+        .iter()
+        .map(|name| {
+            let paths = registry
+                .paths_for(&root.join(format!("{name}/out.jsonl")))
+                .expect("paths");
+            std::fs::create_dir_all(paths.manifest.parent().expect("dir")).expect("dir");
+            let manifest = RunManifest::create(name[..1].repeat(32), "s", "m", "c", Some(3));
+            std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json"))
+                .expect("manifest");
+            (paths, manifest)
+        })
+        .collect()
+}
+
+/// Every drift event's time in the order recorded.
+async fn every_drift_time(store: &Store) -> Vec<String> {
+    let mut times = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store
+            .follow_drift(&recovery_store::DriftFollow {
+                after,
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("drift");
+        let Some((last, _)) = page.events.last() else {
+            return times;
+        };
+        after = *last;
+        times.extend(page.events.into_iter().map(|(_, e)| e.at));
+    }
+}
+
+/// A reindex merges the drift journals of several runs, whose times interleave, into one time
+/// order (SQLite then inserts at the end of its time-ordered tables): every line is indexed
+/// once, across several batches of each journal and of the merge; the recorded order is time
+/// order; an unreadable line is reported once; a run without a journal is no matter; and each
+/// journal is read on from its own mark afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_journals_of_several_runs_are_merged_into_time_order_and_read_on_from_their_marks()
+ {
+    const LINES: u32 = 25_000;
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let runs = runs_on_disk(&registry, root.path(), &["a", "b", "c", "d"]);
+    let at = |n: u32| format!("2026-11-29T10:00:00.{n:06}Z");
+    for (k, (paths, manifest)) in runs.iter().take(3).enumerate() {
+        let mut journal = String::new();
+        for i in 0..LINES {
+            if k == 1 && i == LINES / 2 {
+                journal.push_str("{\"not a drift line\n");
+            }
+            let n = 3 * i + k as u32;
+            journal.push_str(&drift_line(&manifest.run_id, &at(n), &format!("d{n}")));
+        }
+        std::fs::write(&paths.resume_drift, journal).expect("journal");
+    }
+    let first = registry.reindex().await.expect("reindex");
+    assert_eq!(first.drift_inserted, 3 * LINES as usize);
+    assert_eq!(first.unreadable.len(), 1, "{:?}", first.unreadable);
+    let times = every_drift_time(&store).await;
+    assert_eq!(times.len(), 3 * LINES as usize);
+    assert!(
+        times.windows(2).all(|pair| pair[0] <= pair[1]),
+        "the recorded order is time order"
+    );
+    for (k, (paths, manifest)) in runs.iter().take(3).enumerate() {
+        for i in 0..4 {
+            let n = 900_000 + 10 * i + k as u32;
+            let line = drift_line(&manifest.run_id, &at(n), "late");
+            recovery_sidecar::append_line(&paths.resume_drift, line.trim_end().as_bytes())
+                .expect("append");
+        }
+    }
+    let second = registry.reindex().await.expect("reindex again");
+    assert_eq!(
+        second.drift_inserted, 12,
+        "only the appended lines are read"
+    );
+    assert!(second.unreadable.is_empty(), "{:?}", second.unreadable);
+    assert_eq!(registry.reindex().await.expect("third").drift_inserted, 0);
+    for (paths, manifest) in runs.iter().take(3) {
+        let ids = drift_ids_readable(&paths.resume_drift);
+        let stored = stored_drift_ids(&store, &manifest.run_id).await;
+        assert_eq!(stored.len(), ids.len(), "run {}", manifest.run_id);
+        assert!(
+            stored == ids,
+            "run {}: the rows are the lines",
+            manifest.run_id
+        );
+    }
+}
+
+/// The ids of a run's drift rows (every page).
+async fn stored_drift_ids(store: &Store, run_id: &str) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    let mut after = 0;
+    loop {
+        let page = store
+            .follow_drift(&recovery_store::DriftFollow {
+                run_id: Some(run_id.to_owned()),
+                after,
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("drift");
+        let Some((last, _)) = page.events.last() else {
+            return ids;
+        };
+        after = *last;
+        ids.extend(page.events.into_iter().map(|(_, e)| e.event_id));
+    }
+}
+
+/// The ids of a journal's readable drift lines.
+fn drift_ids_readable(path: &Path) -> BTreeSet<String> {
+    recovery_sidecar::read_lines_at(path)
+        .expect("journal")
+        .iter()
+        .filter_map(|(offset, line)| {
+            let parsed = serde_json::from_slice::<DriftLine>(line).ok()?;
+            Some(recovery_runs::events::line_id(
+                &parsed.run_id,
+                recovery_runs::events::DRIFT_JOURNAL,
+                *offset,
+                line,
+            ))
+        })
+        .collect()
+}
+
+/// Reindexes (which lock the rows of several runs at once) run beside each other, beside a
+/// reindex of one run and beside writers journalling drift under their run's lock: none waits
+/// for another forever, and afterwards every journal line is a drift row, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reindexes_and_drift_writers_index_every_line_once() {
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let runs = runs_on_disk(&registry, root.path(), &["a", "b", "c", "e", "f"]);
+    let mut tasks = Vec::new();
+    for (paths, manifest) in &runs[..3] {
+        let (registry, paths, manifest) = (registry.clone(), paths.clone(), manifest.clone());
+        tasks.push(tokio::spawn(async move {
+            for n in 0..60 {
+                let run = registry.lock(&paths).await.expect("lock");
+                registry
+                    .record_drift(&run, &manifest, &format!("d{n}"), &["a.port".to_owned()])
+                    .await
+                    .expect("drift");
+            }
+        }));
+    }
+    for n in 0..4 {
+        let registry = registry.clone();
+        let manifest = runs[n % runs.len()].0.manifest.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                registry.reindex().await.expect("reindex");
+                registry
+                    .reindex_manifest(&manifest)
+                    .await
+                    .expect("reindex one");
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("no reindex or writer waits forever")
+            .expect("task");
+    }
+    registry.reindex().await.expect("reindex");
+    for (paths, manifest) in &runs {
+        let lines = drift_ids(&paths.resume_drift);
+        let stored = stored_drift_ids(&store, &manifest.run_id).await;
+        assert_eq!(stored.len(), lines.len(), "run {}", manifest.run_id);
+        assert_eq!(stored, lines.into_iter().collect::<BTreeSet<_>>());
+    }
+}
+
 /// A journal of several batches (each read and parsed while the previous one is inserted) is
 /// indexed whole: every line once, the last included, and nothing read again afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
