@@ -7,7 +7,10 @@
 //! - cold: a fresh cache each time (the files indexed from scratch); target <= 2x the reference;
 //! - after 100 appended outcomes: the warm cache reads only the appended lines; target < 20 ms;
 //! - unchanged: the warm cache again with nothing appended;
-//! - the whole plan (every entry built), as the offline `plan` command prints it.
+//! - the whole plan (every entry built), as the offline `plan` command prints it;
+//! - cold with the files out of the page cache too (each evicted with
+//!   `posix_fadvise(DONTNEED)` first), against reading them from the disk once: what a service
+//!   restarted on another node after a preemption pays.
 //!
 //! Run: `cargo bench -p recovery-runs --bench plan` (`BENCH_ROLLOUTS` sets the size).
 
@@ -81,6 +84,15 @@ fn write_lines(path: &std::path::Path, lines: impl Iterator<Item = String>) {
         file.write_all(line.as_bytes()).expect("write");
     }
     file.flush().expect("flush");
+}
+
+/// Asks the kernel to drop the files' pages from its cache (clean pages go; needs no
+/// privilege), so the next read comes from the disk.
+fn evict(files: &[&std::path::PathBuf]) {
+    for path in files {
+        let file = std::fs::File::open(path).expect("open");
+        rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed).expect("fadvise");
+    }
 }
 
 fn best_of(runs: usize, mut work: impl FnMut()) -> Duration {
@@ -195,6 +207,18 @@ fn main() {
     let unchanged = best_of(3, || {
         scored = cache.with_plan(&paths, 3, answer).expect("plan");
     });
+    let read_from_disk = best_of(3, || {
+        evict(&files);
+        for path in files {
+            std::hint::black_box(std::fs::read(path).expect("read"));
+        }
+    });
+    let cold_from_disk = best_of(3, || {
+        evict(&files);
+        PlanCache::default()
+            .with_plan(&paths, 3, answer)
+            .expect("plan");
+    });
     let whole = best_of(1, || {
         let (_, plan) = build_plan(&paths, 3).expect("plan");
         scored = plan.coverage.successful;
@@ -230,6 +254,15 @@ fn main() {
         "| plan, nothing appended (warm cache) | {:.1} ms | {:.2} |",
         ms(unchanged),
         unchanged.as_secs_f64() / read_once.as_secs_f64()
+    );
+    println!(
+        "| read the files once from the disk (second reference) | {:.1} ms | 1.00 |",
+        ms(read_from_disk)
+    );
+    println!(
+        "| plan, cold, files not in the page cache | {:.1} ms | {:.2} x the disk read |",
+        ms(cold_from_disk),
+        cold_from_disk.as_secs_f64() / read_from_disk.as_secs_f64()
     );
     println!(
         "| whole plan, every entry (offline CLI) | {:.1} ms | {:.2} |",
