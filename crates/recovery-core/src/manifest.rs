@@ -116,6 +116,45 @@ const REJUDGE_FIELDS: [&str; 4] = [
     "predecessor_sha256",
 ];
 
+/// The collection setting `retry_terminal_timeouts` as the Python module's settings model reads
+/// a `bool` (pydantic 2, lax): `true`/`false`, the integers or floats 1 and 0, and the strings
+/// `1 on t true y yes` / `0 off f false n no` in any case (a value that came through
+/// `${oc.env:...}` is a string); absent is `false`. Anything else (`null`, `2`, `"maybe"`, a
+/// padded `" true"`) is refused with the reason: the Python module refuses it too, and ignoring
+/// it would silently leave timeouts terminal for a collector that asked otherwise.
+pub fn timeout_retries_opt_in(setting: Option<&Value>) -> Result<bool, String> {
+    let Some(value) = setting else {
+        return Ok(false);
+    };
+    let read = match value {
+        Value::Bool(flag) => Some(*flag),
+        Value::Number(number) => match number.as_f64() {
+            Some(1.0) => Some(true),
+            Some(0.0) => Some(false),
+            _ => None,
+        },
+        Value::String(text) => match text.to_ascii_lowercase().as_str() {
+            "1" | "on" | "t" | "true" | "y" | "yes" => Some(true),
+            "0" | "off" | "f" | "false" | "n" | "no" => Some(false),
+            _ => None,
+        },
+        _ => None,
+    };
+    // The value is never repeated: a misplaced secret would be answered back.
+    read.ok_or_else(|| {
+        let kind = match value {
+            Value::Null => "null",
+            Value::Number(_) => "a number other than 1 or 0",
+            Value::String(_) => "a string other than true/false, yes/no, on/off, 1/0",
+            Value::Array(_) => "a list",
+            _ => "an object",
+        };
+        format!(
+            "config.retry_terminal_timeouts: must be true or false (as the Python module reads a bool), not {kind}"
+        )
+    })
+}
+
 impl RunManifest {
     /// A new run's manifest (`RunManifest.create`): the caller supplies the fresh run id
     /// (`uuid4().hex`) and the digests.

@@ -15,7 +15,7 @@ use crate::runlock::{LockedRun, SharedRun};
 use recovery_core::canonical::sha256_reader;
 use recovery_core::drift::DriftPolicy;
 use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences};
-use recovery_core::manifest::{PendingRejudge, RunManifest};
+use recovery_core::manifest::{PendingRejudge, RunManifest, timeout_retries_opt_in};
 use recovery_core::plan::{PlanEntry, PlanState};
 use recovery_core::verdict::{
     CurrentRun, Mismatch, ResumeVerdict, SavedManifest, SavedRun, validate_resume,
@@ -1164,9 +1164,9 @@ impl Registry {
             .as_ref()
             .and_then(|event| event.client.clone())
             .unwrap_or_else(|| "system".to_owned());
-        let opting_in = |manifest: &RunManifest| {
-            !manifest.retry_terminal_timeouts && opts_in_to_timeout_retries(&request.config)
-        };
+        let asks_for_timeout_retries = opts_in_to_timeout_retries(&request.config)?;
+        let opting_in =
+            |manifest: &RunManifest| !manifest.retry_terminal_timeouts && asks_for_timeout_retries;
         match verdict {
             ResumeVerdict::Reuse { mut manifest } => {
                 if opting_in(&manifest) {
@@ -2031,11 +2031,8 @@ fn prepare(
         Some(request.max_rollout_attempts.unwrap_or(default_cap)),
     );
     manifest.retry_terminal_timeouts = request.retry_terminal_timeouts
-        || request
-            .config
-            .get("retry_terminal_timeouts")
-            .and_then(Value::as_bool)
-            == Some(true);
+        || timeout_retries_opt_in(request.config.get("retry_terminal_timeouts"))
+            .map_err(OpError::Invalid)?;
     Ok(PreparedRun {
         manifest,
         identity,
@@ -2139,18 +2136,17 @@ fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, Path
     let _ = std::fs::remove_file(&paths.replace_intent);
 }
 
-/// Whether a resume's collection settings opt in to retrying terminal timeouts
-/// (`retry_terminal_timeouts: true`). Read only when the text names the setting: the fast path
-/// of a validate never parses its configuration.
-fn opts_in_to_timeout_retries(config: &serde_json::value::RawValue) -> bool {
-    #[derive(serde::Deserialize)]
-    struct OptIn {
-        #[serde(default)]
-        retry_terminal_timeouts: Option<Value>,
+/// Whether a resume's collection settings opt in to retrying terminal timeouts, read as
+/// [`timeout_retries_opt_in`] reads them (a value that is no boolean is refused). Read only
+/// when the text names the setting: the fast path of a validate never parses its configuration.
+fn opts_in_to_timeout_retries(config: &serde_json::value::RawValue) -> Result<bool, OpError> {
+    if !config.get().contains("retry_terminal_timeouts") {
+        return Ok(false);
     }
-    config.get().contains("retry_terminal_timeouts")
-        && serde_json::from_str::<OptIn>(config.get())
-            .is_ok_and(|o| o.retry_terminal_timeouts == Some(Value::Bool(true)))
+    let Ok(settings) = serde_json::from_str::<serde_json::Map<String, Value>>(config.get()) else {
+        return Ok(false);
+    };
+    timeout_retries_opt_in(settings.get("retry_terminal_timeouts")).map_err(OpError::Invalid)
 }
 
 /// Whether a JSONL file holds a line that `wanted` takes, given its bytes without the newline

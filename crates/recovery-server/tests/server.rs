@@ -1420,8 +1420,9 @@ async fn a_lease_writes_the_coverage_snapshot_when_granted_and_released() {
 /// A resume opts in to retrying terminal timeouts with the collection setting
 /// `retry_terminal_timeouts: true` (facts §17, scenario 37): no drift, the manifest keeps the
 /// opt-in (a later resume without it too), the plan retries the terminal timeout, and the
-/// opt-in is audited once (gap review 34: a resume's opt-in was ignored). The answer says
-/// whether rows were compared.
+/// opt-in is audited once (gap review 34: a resume's opt-in was ignored). The setting is read as
+/// the Python module reads a bool (`"True"` from an environment variable opts in; `"maybe"` is
+/// refused). The answer says whether rows were compared.
 #[tokio::test]
 async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
     let app = TestApp::new().await;
@@ -1454,7 +1455,23 @@ async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
         "{}",
         plain.body
     );
-    body["config"]["retry_terminal_timeouts"] = json!(true);
+    // A value the Python module would refuse is refused, saying why and changing nothing.
+    body["config"]["retry_terminal_timeouts"] = json!("sk-live-maybe");
+    let refused = validate(body.clone()).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.body
+    );
+    let message = refused.body["message"].as_str().expect("message");
+    assert!(
+        message.starts_with("config.retry_terminal_timeouts: ") && !message.contains("sk-live"),
+        "{message}"
+    );
+    assert!(!concurrency::saved_manifest(&app).retry_terminal_timeouts);
+    // "True", as `${oc.env:...}` gives it, opts in as pydantic's bool reads it.
+    body["config"]["retry_terminal_timeouts"] = json!("True");
     let opted = validate(body.clone()).await;
     assert_eq!(opted.body["outcome"], "reuse", "{}", opted.body);
     assert_eq!(opted.body["manifest"]["retry_terminal_timeouts"], true);
@@ -1488,6 +1505,39 @@ async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
         "{}",
         audit.body
     );
+}
+
+/// A run created with the opt-in reads it as the Python module reads a bool: `"yes"` opts in,
+/// `"maybe"` is refused naming the setting and writes nothing.
+#[tokio::test]
+async fn a_run_created_with_the_timeout_opt_in_reads_it_as_python_does() {
+    let app = TestApp::new().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let mut body = app.create_body();
+    body["config"]["retry_terminal_timeouts"] = json!("maybe");
+    let refused = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body.clone()))
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("config.retry_terminal_timeouts: ")),
+        "{}",
+        refused.body
+    );
+    assert!(!paths.manifest.exists(), "a refused create writes nothing");
+    body["config"]["retry_terminal_timeouts"] = json!("yes");
+    let created = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+    assert!(concurrency::saved_manifest(&app).retry_terminal_timeouts);
 }
 
 /// A crashed judge's rollout is graded again end to end: the re-judgment is admitted, the

@@ -247,3 +247,82 @@ proptest! {
         prop_assert_eq!(back, manifest);
     }
 }
+
+/// The collection setting `retry_terminal_timeouts` is read as the Python module's settings model
+/// reads a `bool` (pydantic 2, lax; CPython is the oracle for every value): the forms it takes
+/// give its answer, the ones it refuses are refused, and absent is `false`.
+#[test]
+fn the_timeout_retries_opt_in_is_read_as_pydantic_reads_a_bool() {
+    const SETTINGS: &str = r#"
+import sys, json
+from pydantic import BaseModel, ValidationError
+class Settings(BaseModel):
+    retry_terminal_timeouts: bool = False
+for line in sys.stdin:
+    try:
+        print(json.dumps(Settings(**json.loads(line)).retry_terminal_timeouts))
+    except ValidationError:
+        print("refused")
+"#;
+    let values = [
+        "true",
+        "false",
+        "1",
+        "0",
+        "2",
+        "-1",
+        "1.0",
+        "0.0",
+        "1e0",
+        "0.5",
+        "\"true\"",
+        "\"True\"",
+        "\"TRUE\"",
+        "\"false\"",
+        "\"False\"",
+        "\" true\"",
+        "\"true \"",
+        "\"yes\"",
+        "\"YES\"",
+        "\"no\"",
+        "\"on\"",
+        "\"off\"",
+        "\"t\"",
+        "\"f\"",
+        "\"y\"",
+        "\"n\"",
+        "\"1\"",
+        "\"0\"",
+        "\"2\"",
+        "\"1.0\"",
+        "\"maybe\"",
+        "\"\"",
+        "null",
+        "[]",
+        "[true]",
+        "{}",
+    ];
+    let mut input = String::from("{}\n");
+    for value in values {
+        input.push_str(&format!("{{\"retry_terminal_timeouts\": {value}}}\n"));
+    }
+    let expected = String::from_utf8(python(SETTINGS, input.as_bytes())).expect("utf8");
+    let expected: Vec<&str> = expected.lines().collect();
+    assert_eq!(expected.len(), values.len() + 1);
+    let ours =
+        |setting: Option<&Value>| match recovery_core::manifest::timeout_retries_opt_in(setting) {
+            Ok(flag) => flag.to_string(),
+            Err(message) => {
+                assert!(
+                    message.starts_with("config.retry_terminal_timeouts: "),
+                    "the message names the field: {message}"
+                );
+                "refused".to_owned()
+            }
+        };
+    assert_eq!(ours(None), expected[0], "absent");
+    for (value, python) in values.iter().zip(&expected[1..]) {
+        let parsed: Value = serde_json::from_str(value).expect("json");
+        assert_eq!(ours(Some(&parsed)), *python, "{value}");
+    }
+}
