@@ -12,7 +12,9 @@
 //!    was removed or replaced is ended first, as its `flock` excludes nobody), or one taken for
 //!    the duration. A `flock` held elsewhere (a Python collector, another service process) refuses
 //!    with [`RunLockError::Locked`], except on PostgreSQL when that holder is another replica's
-//!    live lease: then the advisory lock already excludes it.
+//!    live lease: then the advisory lock already excludes it; and a shared section on
+//!    PostgreSQL waits (at most 3 s) for another replica's shared sections, which hold the
+//!    advisory lock beside it and the `flock` for that replica, to let the `flock` go.
 //!
 //! A [`SharedRun`] is the same section in shared mode, for work that only reads the run's files
 //! and appends to a journal (a validation that reuses or resumes across operational drift):
@@ -49,6 +51,10 @@ pub enum RunLockError {
     #[error(transparent)]
     Lease(Box<crate::leases::LeaseError>),
 }
+
+/// How long a shared section on PostgreSQL waits for other replicas' shared sections of the run
+/// to let its `flock` go (see [`RunLocks::wait_for_other_replicas`]).
+const REPLICA_SECTIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// This process's per-run locks (entries vanish once nobody holds or waits for them).
 #[derive(Debug, Clone, Default)]
@@ -266,6 +272,30 @@ impl RunLocks {
                 return Ok(Flock::Lease(lock));
             }
         }
+        match self.take_flock(paths, shared).await? {
+            Ok(flock) => Ok(flock),
+            Err(LockError::Owned(path)) => {
+                if self.other_replica_holds(&paths.output).await? {
+                    return Ok(Flock::OtherReplica);
+                }
+                if shared && self.store.backend() == Backend::Postgres {
+                    if let Some(flock) = self.wait_for_other_replicas(paths).await? {
+                        return Ok(flock);
+                    }
+                }
+                Err(LockError::Owned(path).into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Takes the run's `flock` for a section (shared: the one this process's shared sections of
+    /// the run hold together, taken for the first), without waiting.
+    async fn take_flock(
+        &self,
+        paths: &SidecarPaths,
+        shared: bool,
+    ) -> Result<Result<Flock, LockError>, RunLockError> {
         let (run_lock, map) = (paths.run_lock.clone(), self.shared_flocks.clone());
         if shared {
             // Another shared section holds the run's flock: share it, no file work.
@@ -274,13 +304,13 @@ impl RunLocks {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             if let Some(lock) = flocks.get(&run_lock).and_then(Weak::upgrade) {
                 drop(flocks);
-                return Ok(Flock::Shared(SharedFlock {
+                return Ok(Ok(Flock::Shared(SharedFlock {
                     map,
                     lock: Some(lock),
-                }));
+                })));
             }
         }
-        let taken = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             if !shared {
                 return RunLock::for_output(&run_lock, None).map(Flock::Section);
             }
@@ -303,18 +333,32 @@ impl RunLocks {
             }))
         })
         .await
-        .map_err(|e| RunLockError::Join(e.to_string()))?;
-        match taken {
-            Ok(flock) => Ok(flock),
-            Err(LockError::Owned(path)) => {
-                if self.other_replica_holds(&paths.output).await? {
-                    Ok(Flock::OtherReplica)
-                } else {
-                    Err(LockError::Owned(path).into())
-                }
+        .map_err(|e| RunLockError::Join(e.to_string()))
+    }
+
+    /// A shared section on PostgreSQL that found the run's `flock` held: shared sections of
+    /// several replicas hold the advisory lock together, but each replica's hold the `flock` for
+    /// it, so another replica's sections (a validation's moment) hold it now. Tries again, at
+    /// growing intervals (a `flock` tells no waiter when it is let go, and a blocking `flock`
+    /// would hold a thread for as long as an outside process keeps it), for at most
+    /// [`REPLICA_SECTIONS_WAIT`]; `None` when it is still held then (a process outside the
+    /// service, which the caller refuses as ever).
+    async fn wait_for_other_replicas(
+        &self,
+        paths: &SidecarPaths,
+    ) -> Result<Option<Flock>, RunLockError> {
+        let deadline = tokio::time::Instant::now() + REPLICA_SECTIONS_WAIT;
+        let mut pause = std::time::Duration::from_millis(1);
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_millis(20));
+            match self.take_flock(paths, true).await? {
+                Ok(flock) => return Ok(Some(flock)),
+                Err(LockError::Owned(_)) => {}
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => Err(e.into()),
         }
+        Ok(None)
     }
 
     /// Locks a run's rows only (see [`RowsGuard`]).

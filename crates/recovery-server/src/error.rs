@@ -532,13 +532,13 @@ pub struct ApiJsonBytes(pub axum::body::Bytes);
 /// A JSON answer serialised where it was computed (a heavy-work thread), so a large answer
 /// never occupies the async workers that keep `/healthz` and cheap calls quick.
 #[derive(Debug, Clone)]
-pub struct SerializedJson(pub Vec<u8>);
+pub struct SerializedJson(pub axum::body::Bytes);
 
 impl SerializedJson {
     /// Serialises `value` here.
     pub fn of(value: &impl serde::Serialize) -> ApiResult<Self> {
         serde_json::to_vec(value)
-            .map(Self)
+            .map(|bytes| Self(bytes.into()))
             .map_err(|e| ApiError::internal("serialising the answer", e))
     }
 }

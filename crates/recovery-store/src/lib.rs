@@ -227,6 +227,9 @@ pub struct RenderedDriftPage {
     pub events_json: String,
     /// Where the next page starts (its last event), when more events match.
     pub next: Option<Cursor>,
+    /// The API's answer holding this page, built once by the first caller that answers it
+    /// (the page is kept between requests: later answers send the same bytes, not a copy).
+    pub answer: std::sync::OnceLock<bytes::Bytes>,
 }
 
 /// Lays out the rows of a page's database text (`page_size` events at most, one more when
@@ -265,7 +268,11 @@ fn render_drift_page(
         events_json.push('}');
     }
     events_json.push(']');
-    Ok(RenderedDriftPage { events_json, next })
+    Ok(RenderedDriftPage {
+        events_json,
+        next,
+        answer: std::sync::OnceLock::new(),
+    })
 }
 
 /// A drift event and its recorded position, as [`Store::follow_drift`] has the database build.

@@ -288,11 +288,15 @@ async fn drift_page(
     // The events are the database's JSON text, passed through ([`DriftPage`]'s shape).
     let next_cursor = serde_json::to_string(&page.next.as_ref().map(|cursor| cursor.encode()))
         .map_err(|e| ApiError::internal("serialising the answer", e))?;
-    let body = format!(
-        "{{\"events\":{},\"next_cursor\":{next_cursor},\"follow_cursor\":null}}",
-        page.events_json
-    );
-    Ok(SerializedJson(body.into_bytes()))
+    // Built once per kept page: a dashboard's repeated page is sent without a copy.
+    let body = page.answer.get_or_init(|| {
+        format!(
+            "{{\"events\":{},\"next_cursor\":{next_cursor},\"follow_cursor\":null}}",
+            page.events_json
+        )
+        .into()
+    });
+    Ok(SerializedJson(body.clone()))
 }
 
 /// A page in recorded order (`follow.limit` is one more than the page).
