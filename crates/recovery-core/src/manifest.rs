@@ -145,7 +145,7 @@ pub fn timeout_retries_opt_in(setting: Option<&Value>) -> Result<bool, String> {
         let kind = match value {
             Value::Null => "null",
             Value::Number(_) => "a number other than 1 or 0",
-            Value::String(_) => "a string other than true/false, yes/no, on/off, 1/0",
+            Value::String(_) => "a string other than true/false, yes/no, on/off, t/f, y/n, 1/0",
             Value::Array(_) => "a list",
             _ => "an object",
         };

@@ -14,7 +14,9 @@ use crate::runfiles::{self, RunFilesError};
 use crate::runlock::{LockedRun, SharedRun};
 use recovery_core::canonical::sha256_reader;
 use recovery_core::drift::DriftPolicy;
-use recovery_core::identity::{ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences};
+use recovery_core::identity::{
+    ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences, resolved_collection_setting,
+};
 use recovery_core::manifest::{PendingRejudge, RunManifest, timeout_retries_opt_in};
 use recovery_core::plan::{PlanEntry, PlanState};
 use recovery_core::verdict::{
@@ -1164,7 +1166,7 @@ impl Registry {
             .as_ref()
             .and_then(|event| event.client.clone())
             .unwrap_or_else(|| "system".to_owned());
-        let asks_for_timeout_retries = opts_in_to_timeout_retries(&request.config)?;
+        let asks_for_timeout_retries = opts_in_to_timeout_retries(request)?;
         let opting_in =
             |manifest: &RunManifest| !manifest.retry_terminal_timeouts && asks_for_timeout_retries;
         match verdict {
@@ -2030,9 +2032,17 @@ fn prepare(
         identity.config_digest.clone(),
         Some(request.max_rollout_attempts.unwrap_or(default_cap)),
     );
+    let opt_in = resolved_collection_setting(
+        &ConfigBundle {
+            config: &request.config,
+            global_config: &request.global_config,
+            rows: &references,
+            environment: &request.environment,
+        },
+        "retry_terminal_timeouts",
+    )?;
     manifest.retry_terminal_timeouts = request.retry_terminal_timeouts
-        || timeout_retries_opt_in(request.config.get("retry_terminal_timeouts"))
-            .map_err(OpError::Invalid)?;
+        || timeout_retries_opt_in(opt_in.as_ref()).map_err(OpError::Invalid)?;
     Ok(PreparedRun {
         manifest,
         identity,
@@ -2136,17 +2146,25 @@ fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, Path
     let _ = std::fs::remove_file(&paths.replace_intent);
 }
 
-/// Whether a resume's collection settings opt in to retrying terminal timeouts, read as
-/// [`timeout_retries_opt_in`] reads them (a value that is no boolean is refused). Read only
+/// Whether a resume's collection settings opt in to retrying terminal timeouts: the setting
+/// resolved as the collector's configuration resolves it (`${oc.env:...}` included), then read
+/// as [`timeout_retries_opt_in`] reads it (a value that is no boolean is refused). Read only
 /// when the text names the setting: the fast path of a validate never parses its configuration.
-fn opts_in_to_timeout_retries(config: &serde_json::value::RawValue) -> Result<bool, OpError> {
-    if !config.get().contains("retry_terminal_timeouts") {
+fn opts_in_to_timeout_retries(request: &ResumeRequest) -> Result<bool, OpError> {
+    if !request.config.get().contains("retry_terminal_timeouts") {
         return Ok(false);
     }
-    let Ok(settings) = serde_json::from_str::<serde_json::Map<String, Value>>(config.get()) else {
-        return Ok(false);
-    };
-    timeout_retries_opt_in(settings.get("retry_terminal_timeouts")).map_err(OpError::Invalid)
+    let (config, global_config) = parsed_configuration(request)?;
+    let setting = resolved_collection_setting(
+        &ConfigBundle {
+            config: &config,
+            global_config: &global_config,
+            rows: &RowReferences::default(),
+            environment: &request.environment,
+        },
+        "retry_terminal_timeouts",
+    )?;
+    timeout_retries_opt_in(setting.as_ref()).map_err(OpError::Invalid)
 }
 
 /// Whether a JSONL file holds a line that `wanted` takes, given its bytes without the newline

@@ -1421,8 +1421,8 @@ async fn a_lease_writes_the_coverage_snapshot_when_granted_and_released() {
 /// `retry_terminal_timeouts: true` (facts §17, scenario 37): no drift, the manifest keeps the
 /// opt-in (a later resume without it too), the plan retries the terminal timeout, and the
 /// opt-in is audited once (gap review 34: a resume's opt-in was ignored). The setting is read as
-/// the Python module reads a bool (`"True"` from an environment variable opts in; `"maybe"` is
-/// refused). The answer says whether rows were compared.
+/// the Python module reads a bool once its interpolation is resolved (`${oc.env:...}` giving
+/// `"yes"` opts in, its default `false` does not; `"maybe"` is refused). The answer says whether rows were compared.
 #[tokio::test]
 async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
     let app = TestApp::new().await;
@@ -1470,8 +1470,14 @@ async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
         "{message}"
     );
     assert!(!concurrency::saved_manifest(&app).retry_terminal_timeouts);
-    // "True", as `${oc.env:...}` gives it, opts in as pydantic's bool reads it.
-    body["config"]["retry_terminal_timeouts"] = json!("True");
+    // Set from the environment, as NeMo Gym configurations do: resolved first (the default
+    // `false` gives OmegaConf's "False"), then read as pydantic's bool reads it (hostile review
+    // 38: the unresolved text was refused).
+    body["config"]["retry_terminal_timeouts"] = json!("${oc.env:NGT_RETRY_TIMEOUTS,false}");
+    let defaulted = validate(body.clone()).await;
+    assert_eq!(defaulted.body["outcome"], "reuse", "{}", defaulted.body);
+    assert!(!concurrency::saved_manifest(&app).retry_terminal_timeouts);
+    body["environment"]["NGT_RETRY_TIMEOUTS"] = json!("yes");
     let opted = validate(body.clone()).await;
     assert_eq!(opted.body["outcome"], "reuse", "{}", opted.body);
     assert_eq!(opted.body["manifest"]["retry_terminal_timeouts"], true);
@@ -1507,8 +1513,9 @@ async fn a_resume_opting_in_to_timeout_retries_keeps_the_opt_in() {
     );
 }
 
-/// A run created with the opt-in reads it as the Python module reads a bool: `"yes"` opts in,
-/// `"maybe"` is refused naming the setting and writes nothing.
+/// A run created with the opt-in reads it as the Python module reads a bool, once resolved:
+/// `${oc.env:NGT_RETRY_TIMEOUTS,no}` with the variable `True` opts in; `"maybe"` is refused
+/// naming the setting and writes nothing.
 #[tokio::test]
 async fn a_run_created_with_the_timeout_opt_in_reads_it_as_python_does() {
     let app = TestApp::new().await;
@@ -1532,7 +1539,8 @@ async fn a_run_created_with_the_timeout_opt_in_reads_it_as_python_does() {
         refused.body
     );
     assert!(!paths.manifest.exists(), "a refused create writes nothing");
-    body["config"]["retry_terminal_timeouts"] = json!("yes");
+    body["config"]["retry_terminal_timeouts"] = json!("${oc.env:NGT_RETRY_TIMEOUTS,no}");
+    body["environment"]["NGT_RETRY_TIMEOUTS"] = json!("True");
     let created = app
         .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
         .await;

@@ -194,6 +194,41 @@ pub struct ConfigBundle<'a> {
     pub environment: &'a BTreeMap<String, String>,
 }
 
+/// A collection setting the identity leaves out (one of the `COLLECTION_OPTIONS`, such as
+/// `retry_terminal_timeouts`) as the collector's configuration resolves it: runtime references
+/// normalised and credentials redacted as for the identity, then its interpolations resolved
+/// against the server tree, the other collection settings and the environment sent
+/// (`${oc.env:NAME,default}`, `${path}`). `None` when `config` does not set it. A value with no
+/// interpolation is returned as it is.
+pub fn resolved_collection_setting(
+    bundle: &ConfigBundle<'_>,
+    key: &str,
+) -> Result<Option<Value>, IdentityError> {
+    let Some(value) = bundle.config.get(key) else {
+        return Ok(None);
+    };
+    if !value.as_str().is_some_and(|text| text.contains("${")) {
+        return Ok(Some(value.clone()));
+    }
+    let mut context = credential_safe(&normalize_runtime_references(bundle.global_config), false);
+    let settings = credential_safe(&normalize_runtime_references(bundle.config), false);
+    const SETTINGS_KEY: &str = "_collection_settings";
+    let Value::Object(root) = &mut context else {
+        return Err(IdentityError::Invalid {
+            field: "global_config".into(),
+            message: "must be a JSON object".into(),
+        });
+    };
+    root.insert(SETTINGS_KEY.into(), settings);
+    let resolved = Resolver::new(bundle.environment)
+        .resolve_at(
+            &context,
+            &[Segment::Key(SETTINGS_KEY.into()), Segment::Key(key.into())],
+        )
+        .map_err(|e| e.rooted_at(SETTINGS_KEY, "config"))?;
+    Ok(Some(resolved))
+}
+
 /// `_configuration_identity(config, global_config, rows, credential_safe)`.
 pub fn configuration_identity(
     bundle: ConfigBundle<'_>,

@@ -4,7 +4,7 @@
 use crate::support::python;
 use proptest::prelude::*;
 use recovery_core::manifest::{PendingRejudge, RunManifest};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// The seed's models, written as the Python module declares them, validating each stdin line.
 const PYDANTIC_MODELS: &str = r#"
@@ -324,5 +324,79 @@ for line in sys.stdin:
     for (value, python) in values.iter().zip(&expected[1..]) {
         let parsed: Value = serde_json::from_str(value).expect("json");
         assert_eq!(ours(Some(&parsed)), *python, "{value}");
+    }
+}
+
+/// The opt-in set through an interpolation (`${oc.env:NAME,default}`, a node of the server tree,
+/// a sibling setting) is resolved as OmegaConf resolves the collector's configuration, then
+/// read as pydantic reads a bool: both are CPython's answers here, for every case.
+#[test]
+fn an_interpolated_timeout_retries_opt_in_resolves_and_reads_as_the_python_module_does() {
+    use recovery_core::identity::{ConfigBundle, RowReferences, resolved_collection_setting};
+    const ORACLE: &str = r#"
+import sys, json, os
+from omegaconf import OmegaConf
+from pydantic import BaseModel, ValidationError
+class Settings(BaseModel):
+    retry_terminal_timeouts: bool = False
+for line in sys.stdin:
+    case = json.loads(line)
+    for k in [k for k in os.environ if k.startswith("NGT_RTT")]:
+        del os.environ[k]
+    os.environ.update(case["env"])
+    tree = OmegaConf.create({**case["global"], "_settings": case["config"]})
+    try:
+        value = OmegaConf.to_container(tree, resolve=True)["_settings"]["retry_terminal_timeouts"]
+        print(json.dumps(Settings(retry_terminal_timeouts=value).retry_terminal_timeouts))
+    except ValidationError:
+        print("refused")
+    except Exception:
+        print("unresolvable")
+"#;
+    let global = json!({"policy": {"flag": "on", "off": "no"}});
+    let cases: Vec<(Value, Value)> = vec![
+        (json!("${oc.env:NGT_RTT,false}"), json!({})),
+        (json!("${oc.env:NGT_RTT,false}"), json!({"NGT_RTT": "yes"})),
+        (
+            json!("${oc.env:NGT_RTT,false}"),
+            json!({"NGT_RTT": "maybe"}),
+        ),
+        (json!("${oc.env:NGT_RTT,true}"), json!({})),
+        (json!("${oc.env:NGT_RTT,1}"), json!({})),
+        (json!("${oc.env:NGT_RTT,0}"), json!({})),
+        (json!("${oc.env:NGT_RTT}"), json!({"NGT_RTT": "TRUE"})),
+        (json!("${oc.env:NGT_RTT}"), json!({})),
+        (json!("${policy.flag}"), json!({})),
+        (json!("${policy.off}"), json!({})),
+        (json!("${.sibling}"), json!({})),
+        (json!("x${policy.flag}"), json!({})),
+    ];
+    let mut input = String::new();
+    for (setting, env) in &cases {
+        let config = json!({"retry_terminal_timeouts": setting, "sibling": "y"});
+        input.push_str(&json!({"config": config, "global": global, "env": env}).to_string());
+        input.push('\n');
+    }
+    let expected = String::from_utf8(python(ORACLE, input.as_bytes())).expect("utf8");
+    let expected: Vec<&str> = expected.lines().collect();
+    assert_eq!(expected.len(), cases.len());
+    for ((setting, env), python) in cases.iter().zip(expected) {
+        let config = json!({"retry_terminal_timeouts": setting, "sibling": "y"});
+        let environment: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(env.clone()).expect("env");
+        let bundle = ConfigBundle {
+            config: &config,
+            global_config: &global,
+            rows: &RowReferences::default(),
+            environment: &environment,
+        };
+        let ours = match resolved_collection_setting(&bundle, "retry_terminal_timeouts") {
+            Err(_) => "unresolvable".to_owned(),
+            Ok(value) => match recovery_core::manifest::timeout_retries_opt_in(value.as_ref()) {
+                Ok(flag) => flag.to_string(),
+                Err(_) => "refused".to_owned(),
+            },
+        };
+        assert_eq!(ours, python, "{setting} with {env}");
     }
 }
