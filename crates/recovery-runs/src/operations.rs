@@ -15,7 +15,8 @@ use crate::runlock::{LockedRun, SharedRun};
 use recovery_core::canonical::sha256_reader;
 use recovery_core::drift::DriftPolicy;
 use recovery_core::identity::{
-    ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences, resolved_collection_setting,
+    ConfigBundle, ConfigurationIdentity, IdentityError, RowReferences, holds_interpolation,
+    resolved_collection_setting,
 };
 use recovery_core::manifest::{PendingRejudge, RunManifest, timeout_retries_opt_in};
 use recovery_core::plan::{PlanEntry, PlanState};
@@ -1646,18 +1647,23 @@ fn current_form_suffices(identity: &ConfigurationIdentity, saved: &SavedRun) -> 
 
 /// The request's configuration texts as JSON values.
 fn parsed_configuration(request: &ResumeRequest) -> Result<(Value, Value), OpError> {
-    // The core's reader: nesting up to the 512 levels a digest takes, counted from the request
-    // body the texts are fields of, as create reads them.
-    let parse = |field: &str, raw: &serde_json::value::RawValue| {
-        let text = raw.get().as_bytes();
-        recovery_core::canonical::check_depth_within(text, ResumeRequest::LEVELS_ABOVE)
-            .and_then(|()| recovery_core::canonical::parse_json(text))
-            .map_err(|e| OpError::Invalid(format!("{field}: {e}")))
-    };
     Ok((
-        parse("config", &request.config)?,
-        parse("global_config", &request.global_config)?,
+        parsed_configuration_field("config", &request.config)?,
+        parsed_configuration_field("global_config", &request.global_config)?,
     ))
+}
+
+/// One of the request's configuration texts as a JSON value, read by the core's reader:
+/// nesting up to the 512 levels a digest takes, counted from the request body the texts are
+/// fields of, as create reads them.
+fn parsed_configuration_field(
+    field: &str,
+    raw: &serde_json::value::RawValue,
+) -> Result<Value, OpError> {
+    let text = raw.get().as_bytes();
+    recovery_core::canonical::check_depth_within(text, ResumeRequest::LEVELS_ABOVE)
+        .and_then(|()| recovery_core::canonical::parse_json(text))
+        .map_err(|e| OpError::Invalid(format!("{field}: {e}")))
 }
 
 /// Length-prefixed parts, hashed: no two different sequences of parts share a key. BLAKE3, as
@@ -2149,12 +2155,21 @@ fn unpublish(paths: &SidecarPaths, published_rows: bool, moved: &[(PathBuf, Path
 /// Whether a resume's collection settings opt in to retrying terminal timeouts: the setting
 /// resolved as the collector's configuration resolves it (`${oc.env:...}` included), then read
 /// as [`timeout_retries_opt_in`] reads it (a value that is no boolean is refused). Read only
-/// when the text names the setting: the fast path of a validate never parses its configuration.
+/// when the text names the setting (the fast path of a validate never parses its
+/// configuration), and the server tree only when the setting interpolates (configuration dumps
+/// name it, mostly as a plain `false`).
 fn opts_in_to_timeout_retries(request: &ResumeRequest) -> Result<bool, OpError> {
-    if !request.config.get().contains("retry_terminal_timeouts") {
+    const SETTING: &str = "retry_terminal_timeouts";
+    if !request.config.get().contains(SETTING) {
         return Ok(false);
     }
-    let (config, global_config) = parsed_configuration(request)?;
+    let config = parsed_configuration_field("config", &request.config)?;
+    let global_config = match config.get(SETTING) {
+        Some(value) if holds_interpolation(value) => {
+            parsed_configuration_field("global_config", &request.global_config)?
+        }
+        _ => Value::Null,
+    };
     let setting = resolved_collection_setting(
         &ConfigBundle {
             config: &config,
@@ -2162,7 +2177,7 @@ fn opts_in_to_timeout_retries(request: &ResumeRequest) -> Result<bool, OpError> 
             rows: &RowReferences::default(),
             environment: &request.environment,
         },
-        "retry_terminal_timeouts",
+        SETTING,
     )?;
     timeout_retries_opt_in(setting.as_ref()).map_err(OpError::Invalid)
 }

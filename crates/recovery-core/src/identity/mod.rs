@@ -194,6 +194,12 @@ pub struct ConfigBundle<'a> {
     pub environment: &'a BTreeMap<String, String>,
 }
 
+/// Whether a setting's value is text that interpolates (`${...}`): only such a value needs the
+/// server tree and the environment to be read ([`resolved_collection_setting`]).
+pub fn holds_interpolation(value: &Value) -> bool {
+    value.as_str().is_some_and(|text| text.contains("${"))
+}
+
 /// A collection setting the identity leaves out (one of the `COLLECTION_OPTIONS`, such as
 /// `retry_terminal_timeouts`) as the collector's configuration resolves it: runtime references
 /// normalised and credentials redacted as for the identity, then its interpolations resolved
@@ -207,7 +213,7 @@ pub fn resolved_collection_setting(
     let Some(value) = bundle.config.get(key) else {
         return Ok(None);
     };
-    if !value.as_str().is_some_and(|text| text.contains("${")) {
+    if !holds_interpolation(value) {
         return Ok(Some(value.clone()));
     }
     let mut context = credential_safe(&normalize_runtime_references(bundle.global_config), false);
