@@ -56,32 +56,46 @@ fn drift_line(run_id: &str, at: &str, current_digest: &str) -> String {
     )
 }
 
-/// The ids of a drift journal's lines, derived as the registry derives them.
-fn drift_ids(path: &Path) -> Vec<String> {
+/// The ids of a drift journal's readable lines, derived as the registry derives them.
+fn drift_ids_readable(path: &Path) -> Vec<String> {
     recovery_sidecar::read_lines_at(path)
         .expect("journal")
         .iter()
-        .map(|(offset, line)| {
-            let parsed = serde_json::from_slice::<DriftLine>(line)
-                .expect("every complete journal line is a drift line");
-            recovery_runs::events::line_id(
+        .filter_map(|(offset, line)| {
+            let parsed = serde_json::from_slice::<DriftLine>(line).ok()?;
+            Some(recovery_runs::events::line_id(
                 &parsed.run_id,
                 recovery_runs::events::DRIFT_JOURNAL,
                 *offset,
                 line,
-            )
+            ))
         })
         .collect()
 }
 
-/// Every drift event's id in the database, in the order recorded (paged: there may be more
-/// than a page).
-async fn every_drift_id(store: &Store) -> Vec<String> {
-    let mut ids = Vec::new();
+/// The ids of a drift journal's lines, every one of which is a drift line.
+fn drift_ids(path: &Path) -> Vec<String> {
+    let ids = drift_ids_readable(path);
+    let lines = recovery_sidecar::read_lines_at(path)
+        .expect("journal")
+        .len();
+    assert_eq!(
+        ids.len(),
+        lines,
+        "every complete journal line is a drift line"
+    );
+    ids
+}
+
+/// Every drift event in the database (of `run_id`, or all), in the order recorded (paged:
+/// there may be more than a page).
+async fn recorded_drift(store: &Store, run_id: Option<&str>) -> Vec<recovery_store::DriftEvent> {
+    let mut events = Vec::new();
     let mut after = 0;
     loop {
         let page = store
             .follow_drift(&recovery_store::DriftFollow {
+                run_id: run_id.map(str::to_owned),
                 after,
                 limit: 1000,
                 ..Default::default()
@@ -89,11 +103,29 @@ async fn every_drift_id(store: &Store) -> Vec<String> {
             .await
             .expect("drift");
         let Some((last, _)) = page.events.last() else {
-            return ids;
+            return events;
         };
         after = *last;
-        ids.extend(page.events.into_iter().map(|(_, e)| e.event_id));
+        events.extend(page.events.into_iter().map(|(_, e)| e));
     }
+}
+
+/// Every drift event's id in the database, in the order recorded.
+async fn every_drift_id(store: &Store) -> Vec<String> {
+    recorded_drift(store, None)
+        .await
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect()
+}
+
+/// The ids of a run's drift rows.
+async fn stored_drift_ids(store: &Store, run_id: &str) -> BTreeSet<String> {
+    recorded_drift(store, Some(run_id))
+        .await
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1347,27 +1379,6 @@ fn runs_on_disk(
         .collect()
 }
 
-/// Every drift event's time in the order recorded.
-async fn every_drift_time(store: &Store) -> Vec<String> {
-    let mut times = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = store
-            .follow_drift(&recovery_store::DriftFollow {
-                after,
-                limit: 1000,
-                ..Default::default()
-            })
-            .await
-            .expect("drift");
-        let Some((last, _)) = page.events.last() else {
-            return times;
-        };
-        after = *last;
-        times.extend(page.events.into_iter().map(|(_, e)| e.at));
-    }
-}
-
 /// A reindex merges the drift journals of several runs, whose times interleave, into one time
 /// order (SQLite then inserts at the end of its time-ordered tables): every line is indexed
 /// once, across several batches of each journal and of the merge; the recorded order is time
@@ -1395,7 +1406,11 @@ async fn interleaved_journals_of_several_runs_are_merged_into_time_order_and_rea
     let first = registry.reindex().await.expect("reindex");
     assert_eq!(first.drift_inserted, 3 * LINES as usize);
     assert_eq!(first.unreadable.len(), 1, "{:?}", first.unreadable);
-    let times = every_drift_time(&store).await;
+    let times: Vec<String> = recorded_drift(&store, None)
+        .await
+        .into_iter()
+        .map(|e| e.at)
+        .collect();
     assert_eq!(times.len(), 3 * LINES as usize);
     assert!(
         times.windows(2).all(|pair| pair[0] <= pair[1]),
@@ -1417,7 +1432,9 @@ async fn interleaved_journals_of_several_runs_are_merged_into_time_order_and_rea
     assert!(second.unreadable.is_empty(), "{:?}", second.unreadable);
     assert_eq!(registry.reindex().await.expect("third").drift_inserted, 0);
     for (paths, manifest) in runs.iter().take(3) {
-        let ids = drift_ids_readable(&paths.resume_drift);
+        let ids: BTreeSet<String> = drift_ids_readable(&paths.resume_drift)
+            .into_iter()
+            .collect();
         let stored = stored_drift_ids(&store, &manifest.run_id).await;
         assert_eq!(stored.len(), ids.len(), "run {}", manifest.run_id);
         assert!(
@@ -1426,45 +1443,6 @@ async fn interleaved_journals_of_several_runs_are_merged_into_time_order_and_rea
             manifest.run_id
         );
     }
-}
-
-/// The ids of a run's drift rows (every page).
-async fn stored_drift_ids(store: &Store, run_id: &str) -> BTreeSet<String> {
-    let mut ids = BTreeSet::new();
-    let mut after = 0;
-    loop {
-        let page = store
-            .follow_drift(&recovery_store::DriftFollow {
-                run_id: Some(run_id.to_owned()),
-                after,
-                limit: 1000,
-                ..Default::default()
-            })
-            .await
-            .expect("drift");
-        let Some((last, _)) = page.events.last() else {
-            return ids;
-        };
-        after = *last;
-        ids.extend(page.events.into_iter().map(|(_, e)| e.event_id));
-    }
-}
-
-/// The ids of a journal's readable drift lines.
-fn drift_ids_readable(path: &Path) -> BTreeSet<String> {
-    recovery_sidecar::read_lines_at(path)
-        .expect("journal")
-        .iter()
-        .filter_map(|(offset, line)| {
-            let parsed = serde_json::from_slice::<DriftLine>(line).ok()?;
-            Some(recovery_runs::events::line_id(
-                &parsed.run_id,
-                recovery_runs::events::DRIFT_JOURNAL,
-                *offset,
-                line,
-            ))
-        })
-        .collect()
 }
 
 /// Reindexes (which lock the rows of several runs at once) run beside each other, beside a
