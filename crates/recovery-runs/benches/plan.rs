@@ -3,7 +3,9 @@
 //! cache brings the run's index up to date and the summary (counts per state, coverage) and the
 //! first page of 1,000 rollouts are taken. Reference measured in the same run: reading the same
 //! files once (no parsing); a second one, printed above the table: CPython parsing every line of
-//! them once (`json.loads`), what the Python module we replace pays before any plan. Rows:
+//! them once (`json.loads`), what the Python module we replace pays before any plan; a third,
+//! also above the table: one syntax-checking pass of serde_json over every line (nothing built,
+//! the same threads the plan uses), the least any reader that checks its JSON pays. Rows:
 //! - cold: a fresh cache each time (the files indexed from scratch); target <= 2x the reference;
 //! - after 100 appended outcomes: the warm cache reads only the appended lines; target < 20 ms;
 //! - unchanged: the warm cache again with nothing appended;
@@ -76,6 +78,49 @@ print(best)
         );
     };
     Some(Duration::from_secs_f64(seconds))
+}
+
+/// The third reference: every line of the JSONL files (and the manifest) checked as JSON once by
+/// serde_json, nothing built (`IgnoredAny`), each file's lines split at a line end between as
+/// many threads as the plan uses. Best of 3.
+fn json_pass_once(files: &[&std::path::PathBuf], threads: usize) -> Duration {
+    fn check_lines(bytes: &[u8]) {
+        for line in bytes.split(|&b| b == b'\n') {
+            if !line.is_empty() {
+                serde_json::from_slice::<serde::de::IgnoredAny>(line).expect("a JSON line");
+            }
+        }
+    }
+    let contents: Vec<(bool, Vec<u8>)> = files
+        .iter()
+        .map(|path| {
+            let jsonl = path.extension().is_some_and(|e| e == "jsonl");
+            (jsonl, std::fs::read(path).expect("read"))
+        })
+        .collect();
+    best_of(3, || {
+        for (jsonl, bytes) in &contents {
+            if !jsonl {
+                serde_json::from_slice::<serde::de::IgnoredAny>(bytes).expect("a JSON document");
+                continue;
+            }
+            let mut parts = Vec::with_capacity(threads);
+            let mut rest = bytes.as_slice();
+            for left in (1..=threads).rev() {
+                let target = rest.len() / left;
+                let end =
+                    memchr::memchr(b'\n', &rest[target..]).map_or(rest.len(), |at| target + at + 1);
+                let (part, tail) = rest.split_at(end);
+                parts.push(part);
+                rest = tail;
+            }
+            std::thread::scope(|scope| {
+                for part in parts {
+                    scope.spawn(move || check_lines(part));
+                }
+            });
+        }
+    })
 }
 
 fn write_lines(path: &std::path::Path, lines: impl Iterator<Item = String>) {
@@ -225,6 +270,15 @@ fn main() {
     });
     assert_eq!(scored, rollouts as u64);
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let json_pass = json_pass_once(&files, threads);
+    println!(
+        "third reference: serde_json checking every line of the same files once (nothing built, \
+         {threads} threads, best of 3): {:.1} ms = {:.2} x reading them; plan, cold = {:.2} x that",
+        ms(json_pass),
+        json_pass.as_secs_f64() / read_once.as_secs_f64(),
+        cold.as_secs_f64() / json_pass.as_secs_f64()
+    );
     match cpython_parse_once(&files) {
         Some(parse) => println!(
             "second reference: CPython parsing every line of the same files once (json.loads, \
