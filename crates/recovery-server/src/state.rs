@@ -237,10 +237,20 @@ impl AppState {
         Ok((run, paths))
     }
 
-    /// [`Self::run`] for readers of the run's files: when the manifest at its output names
-    /// another run (rewritten outside the service), that run is adopted and this one answered
-    /// `run_superseded`, never served another run's data.
-    pub async fn run_on_disk(&self, run_id: &str) -> ApiResult<(RunRecord, SidecarPaths)> {
+    /// [`Self::run`] for readers of the run's files, held still while [`ReadingRun`] lives:
+    /// this process's per-run lock is taken in shared mode, so a change of the run (a
+    /// replacement moving its files aside, above all) waits for the reading and the reading
+    /// for it; the reader sees the files before or after it, never halfway. When the manifest
+    /// at its output names another run (rewritten outside the service), that run is adopted
+    /// and this one answered `run_superseded`, never served another run's data.
+    ///
+    /// Drop the section before taking the run's lock for a change (an adoption), and never
+    /// take a second one in the same task: a change waiting between two readings of one task
+    /// would wait forever.
+    pub async fn run_on_disk(&self, run_id: &str) -> ApiResult<ReadingRun> {
+        let (_, paths) = self.run(run_id).await?;
+        let section = self.registry.leases().local().read(&paths.run_lock).await;
+        // A change that ended while this waited (a replacement superseding the run) shows now.
         let (run, paths) = self.run(run_id).await?;
         let manifest = paths.manifest.clone();
         let owner = self
@@ -253,10 +263,15 @@ impl AppState {
             .await?;
         match owner {
             Some(owner) if owner != run_id => {
+                drop(section);
                 self.registry.adopt(&paths.output).await?;
                 Err(ApiError::superseded(run_id, &owner))
             }
-            _ => Ok((run, paths)),
+            _ => Ok(ReadingRun {
+                record: run,
+                paths,
+                section,
+            }),
         }
     }
 
@@ -335,4 +350,13 @@ impl AppState {
             (None, None) => Ok(()),
         }
     }
+}
+
+/// A run whose files are being read ([`AppState::run_on_disk`]): its record, its companion
+/// paths, and this process's per-run lock in shared mode until it drops.
+#[derive(Debug)]
+pub struct ReadingRun {
+    pub record: RunRecord,
+    pub paths: SidecarPaths,
+    pub section: tokio::sync::OwnedRwLockReadGuard<()>,
 }

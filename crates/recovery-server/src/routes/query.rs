@@ -606,7 +606,8 @@ pub async fn plan(
             ApiError::invalid_field("cursor", "cursor: not a cursor this service issued")
         })?),
     };
-    let (_, paths) = state.run_on_disk(&run_id).await?;
+    let reading = state.run_on_disk(&run_id).await?;
+    let paths = reading.paths.clone();
     let cap = state.config.default_max_attempts;
     let caches = state.registry.caches().clone();
     let filter = params.state;
@@ -614,6 +615,8 @@ pub async fn plan(
         .plans
         // A build that started finishes: it fills the run's index for the next caller.
         .run(move |_| {
+            // The files stay as they are until the plan is read.
+            let _reading = reading;
             let response = caches.plans.with_plan(&paths, cap, |plan| {
                 let view = plan.view();
                 let summary = plan.summary();

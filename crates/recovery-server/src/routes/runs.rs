@@ -650,7 +650,8 @@ pub async fn get_run(
     caller: Caller,
 ) -> ApiResult<Json<RunView>> {
     caller.require(Role::Viewer)?;
-    let (run, paths) = state.run_on_disk(&run_id).await?;
+    let reading = state.run_on_disk(&run_id).await?;
+    let (run, paths) = (reading.record.clone(), reading.paths.clone());
     let work_paths = paths.clone();
     let (manifest, extension) = state
         .blocking(move || {
@@ -661,6 +662,8 @@ pub async fn get_run(
             Ok((manifest, extension))
         })
         .await?;
+    // Before an adoption below takes the run's lock.
+    drop(reading);
     let budget = recovery_core::plan::Budget {
         default_cap: state.config.default_max_attempts,
         extension: extension.unwrap_or(0),

@@ -382,8 +382,9 @@ async fn run(
 ) -> Response {
     // The run's record, not its manifest: a 100k-rollout manifest takes a while to read, and
     // the plan (indexed once per run) answers the cap and the states.
+    // Not held: the plan below reads the run again, and takes its own section.
     let (record, paths) = match state.run_on_disk(&run_id).await {
-        Ok(found) => found,
+        Ok(reading) => (reading.record, reading.paths),
         Err(error) if error.code == crate::error::ErrorCode::RunSuperseded => {
             return superseded_run(&state, &visitor, &run_id, &error).await;
         }

@@ -880,6 +880,66 @@ async fn two_replacements_in_one_second_keep_every_saved_result_and_a_manifest()
     }
 }
 
+/// Hostile review 39: a plan read while its run was being replaced answered `no_manifest`,
+/// `run_files_invalid` or `manifest_unreadable` (the files halfway moved aside), which read as
+/// damage to a dashboard. A reader sees the files before or after a replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plans_read_beside_replacements_answer_a_whole_run_or_run_superseded() {
+    const REPLACEMENTS: usize = 40;
+    let app = Arc::new(TestApp::new().await);
+    let first = app.create().await;
+    let known = Arc::new(std::sync::Mutex::new(vec![first]));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let replacer = {
+        let (app, known, done) = (app.clone(), known.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut body = app.create_body();
+            body["replace"] = json!(true);
+            for _ in 0..REPLACEMENTS {
+                let reply = app
+                    .call(Method::POST, "/runs", Some(OPERATOR), Some(body.clone()))
+                    .await;
+                assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+                let id = reply.body["run_id"].as_str().expect("id").to_owned();
+                known.lock().expect("ids").push(id);
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    };
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (app, known, done) = (app.clone(), known.clone(), done.clone());
+            tokio::spawn(async move {
+                let mut answers: BTreeMap<(u16, String), usize> = BTreeMap::new();
+                while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                    let newest = known.lock().expect("ids").last().cloned().expect("an id");
+                    let reply = app
+                        .call(
+                            Method::GET,
+                            &format!("/runs/{newest}/plan"),
+                            Some(VIEWER),
+                            None,
+                        )
+                        .await;
+                    let code = reply.body["code"].as_str().unwrap_or("").to_owned();
+                    let whole = reply.status == StatusCode::OK
+                        || (reply.status == StatusCode::CONFLICT && code == "run_superseded");
+                    assert!(whole, "{}: {}", reply.status, reply.body);
+                    *answers.entry((reply.status.as_u16(), code)).or_default() += 1;
+                }
+                answers
+            })
+        })
+        .collect();
+    replacer.await.expect("replacer");
+    let mut plans = 0;
+    for reader in readers {
+        let answers = reader.await.expect("reader");
+        plans += answers.get(&(200, String::new())).copied().unwrap_or(0);
+    }
+    assert!(plans > 0, "some plans were read during the replacements");
+}
+
 #[tokio::test]
 async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_starts_again() {
     let app = TestApp::new().await;
