@@ -68,8 +68,32 @@ pub fn attempt_extension(reader: impl Read, path: &str) -> Result<u64, JournalEr
 /// An approved masked rerun: exactly the attempt it names.
 pub type ApprovalTriple = (i64, i64, i64);
 
+/// `<stem>_rerun_masked.jsonl`: one line per approval of a masked rerun (decisions §6). Every
+/// field is required; fields it does not know are ignored.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ApprovalLine {
+    pub approval_id: String,
+    pub at: String,
+    pub by: String,
+    pub reason: String,
+    pub task_index: i64,
+    pub rollout_index: i64,
+    pub attempt_index: i64,
+}
+
+impl ApprovalLine {
+    /// The attempt the approval names; `None` for a negative index (it approves nothing).
+    pub fn triple(&self) -> Option<ApprovalTriple> {
+        let triple = (self.task_index, self.rollout_index, self.attempt_index);
+        (triple.0 >= 0 && triple.1 >= 0 && triple.2 >= 0).then_some(triple)
+    }
+}
+
 /// `load_rerun_masked_approvals`: (task index, rollout index, attempt index) of every readable
-/// approval in `<stem>_rerun_masked.jsonl`; unreadable lines and entries approve nothing.
+/// approval in `<stem>_rerun_masked.jsonl`; a line that is not a whole [`ApprovalLine`] approves
+/// nothing, so the plan honours exactly the approvals the service lists, revokes and reindexes
+/// (a hand-written `{task_index, rollout_index, attempt_index}` line approved a rerun that the
+/// list did not show: hostile review 39).
 pub fn rerun_masked_approvals(reader: impl Read) -> BTreeSet<ApprovalTriple> {
     let mut approvals = BTreeSet::new();
     let mut lines = BufReader::new(reader);
@@ -80,19 +104,11 @@ pub fn rerun_masked_approvals(reader: impl Read) -> BTreeSet<ApprovalTriple> {
             Ok(0) | Err(_) => return approvals,
             Ok(_) => {}
         }
-        let Ok(Value::Object(entry)) = serde_json::from_slice::<Value>(&line) else {
-            continue;
-        };
-        let index = |key: &str| match entry.get(key) {
-            Some(Value::Number(n)) => n.as_i64().filter(|i| *i >= 0),
-            _ => None,
-        };
-        if let (Some(task), Some(rollout), Some(attempt)) = (
-            index("task_index"),
-            index("rollout_index"),
-            index("attempt_index"),
-        ) {
-            approvals.insert((task, rollout, attempt));
+        if let Some(triple) = serde_json::from_slice::<ApprovalLine>(&line)
+            .ok()
+            .and_then(|approval| approval.triple())
+        {
+            approvals.insert(triple);
         }
     }
 }

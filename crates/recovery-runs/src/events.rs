@@ -35,17 +35,8 @@ pub struct DriftLine {
     pub operational_keys: Vec<String>,
 }
 
-/// `<stem>_rerun_masked.jsonl`: one line per approval of a masked rerun.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ApprovalLine {
-    pub approval_id: String,
-    pub at: String,
-    pub by: String,
-    pub reason: String,
-    pub task_index: i64,
-    pub rollout_index: i64,
-    pub attempt_index: i64,
-}
+/// `<stem>_rerun_masked.jsonl`: its line format lives with its reader in the core.
+pub use recovery_core::journals::ApprovalLine;
 
 /// `<stem>_attempt_extension.jsonl`: one line per `--extend-attempts`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

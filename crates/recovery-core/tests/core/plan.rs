@@ -655,7 +655,48 @@ fn scenario_48_an_approval_reopens_exactly_the_attempt_it_names() {
     let mut run = Run::new(4);
     run.inventory[3] = json!({"_ng_task_index": 3, "_ng_rollout_index": 0});
     let run = run.result(3, 1, masked.clone());
-    let journal = "{\"approval_id\":\"a1\",\"task_index\":3,\"rollout_index\":0,\"attempt_index\":1}\nnot json\n{\"task_index\":3,\"rollout_index\":\"0\",\"attempt_index\":2}\n";
+    let whole = json!({"approval_id": "a1", "at": "2026-01-01T00:00:00Z", "by": "alice", "reason": "judge crashed", "task_index": 3, "rollout_index": 0, "attempt_index": 1, "note": "fields a reader does not know are ignored"});
+    assert_eq!(
+        rerun_masked_approvals(format!("{whole}\n").as_bytes()),
+        BTreeSet::from([(3, 0, 1)])
+    );
+    // Each of these approves nothing: a line that is not a whole approval of the service's
+    // format (hostile review 39: a hand-written triple without an id approved a rerun that the
+    // approvals list, revocation and reindex never saw).
+    let mut unreadable = vec!["not json".to_owned(), "[3, 0, 2]".to_owned()];
+    for field in [
+        "approval_id",
+        "at",
+        "by",
+        "reason",
+        "task_index",
+        "rollout_index",
+        "attempt_index",
+    ] {
+        let mut line = whole.clone();
+        line["attempt_index"] = json!(2);
+        line.as_object_mut().expect("object").remove(field);
+        unreadable.push(line.to_string());
+    }
+    for (field, value) in [
+        ("rollout_index", json!("0")),
+        ("attempt_index", json!(-1)),
+        ("attempt_index", json!(2.0)),
+        ("approval_id", json!(7)),
+    ] {
+        let mut line = whole.clone();
+        line["attempt_index"] = json!(2);
+        line[field] = value;
+        unreadable.push(line.to_string());
+    }
+    for line in &unreadable {
+        assert_eq!(
+            rerun_masked_approvals(format!("{line}\n").as_bytes()),
+            BTreeSet::new(),
+            "{line} approves nothing"
+        );
+    }
+    let journal = format!("{whole}\n{}\n", unreadable.join("\n"));
     let approvals = rerun_masked_approvals(journal.as_bytes());
     assert_eq!(
         approvals,
