@@ -521,7 +521,7 @@ impl Leases {
         {
             Some(successor) => Err(LeaseError::Superseded {
                 run_id: run_id.to_owned(),
-                successor,
+                successor: self.store.current_owner(&successor).await?,
             }),
             None => Ok(()),
         }

@@ -229,7 +229,8 @@ impl AppState {
             .await?
             .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
         if let Some(successor) = &run.superseded_by {
-            return Err(ApiError::superseded(run_id, successor));
+            let owner = self.registry.store().current_owner(successor).await?;
+            return Err(ApiError::superseded(run_id, &owner));
         }
         let paths = self
             .registry

@@ -917,6 +917,23 @@ impl Store {
         Ok(run)
     }
 
+    /// The run that owns the output of `run_id` now: `run_id` itself, or the end of its chain
+    /// of replacements (a run superseded twice names its successor, itself superseded, in its
+    /// record; hostile review 39 followed a `superseded_by` into another `run_superseded`).
+    pub async fn current_owner(&self, run_id: &str) -> Result<String, StoreError> {
+        // A chain is as long as the replacements of one output; the bound only guards a cycle
+        // no write makes.
+        const HOPS: usize = 10_000;
+        let mut owner = run_id.to_owned();
+        for _ in 0..HOPS {
+            match self.get_run(&owner).await?.and_then(|r| r.superseded_by) {
+                Some(successor) => owner = successor,
+                None => break,
+            }
+        }
+        Ok(owner)
+    }
+
     pub async fn find_run_by_output(
         &self,
         output_path: &str,

@@ -938,6 +938,27 @@ async fn plans_read_beside_replacements_answer_a_whole_run_or_run_superseded() {
         plans += answers.get(&(200, String::new())).copied().unwrap_or(0);
     }
     assert!(plans > 0, "some plans were read during the replacements");
+    // Every replaced run names the run that owns the output now, not its own successor
+    // (hostile review 39: following `superseded_by` once led to another `run_superseded`).
+    let known = known.lock().expect("ids").clone();
+    let (owner, replaced) = known.split_last().expect("ids");
+    for (i, old) in replaced.iter().enumerate() {
+        let reply = if i % 2 == 0 {
+            app.call(Method::GET, &format!("/runs/{old}"), Some(VIEWER), None)
+                .await
+        } else {
+            app.lease(old, "late-collector").await
+        };
+        assert_eq!(
+            (
+                reply.status,
+                reply.body["details"]["superseded_by"].as_str()
+            ),
+            (StatusCode::CONFLICT, Some(owner.as_str())),
+            "{old}: {}",
+            reply.body
+        );
+    }
 }
 
 #[tokio::test]
