@@ -869,6 +869,29 @@ impl Registry {
         blocking(move || prepare(&request, &paths, default_cap)).await
     }
 
+    /// Refuses an output whose companions (the manifest first) belong to a run recorded at
+    /// another output that shares them (`out.json` beside `out.jsonl`).
+    async fn refuse_companions_of_another_output(
+        &self,
+        paths: &SidecarPaths,
+    ) -> Result<(), OpError> {
+        if let Some(owner) = recovery_sidecar::read_regular(&paths.manifest)
+            .ok()
+            .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
+            && let Some(record) = self.store().get_run(&owner.run_id).await?
+            && Path::new(&record.output_path) != paths.output
+            && record.superseded_by.is_none()
+        {
+            return Err(OpError::PathRefused(format!(
+                "output_path: its companions ({}) belong to run {} at {}",
+                paths.manifest.display(),
+                owner.run_id,
+                record.output_path
+            )));
+        }
+        Ok(())
+    }
+
     async fn check_output(&self, paths: &SidecarPaths, source: &Path) -> Result<(), OpError> {
         let refuse = |why: String| Err(OpError::PathRefused(format!("output_path: {why}")));
         if let Some(link) = paths.symlinks().first() {
@@ -921,20 +944,7 @@ impl Registry {
                 "is named as a run's {suffix} file, which the service reads as one: give the output another name"
             ));
         }
-        if let Some(owner) = recovery_sidecar::read_regular(&paths.manifest)
-            .ok()
-            .and_then(|bytes| RunManifest::from_json_bytes(&bytes).ok())
-            && let Some(record) = self.store().get_run(&owner.run_id).await?
-            && Path::new(&record.output_path) != paths.output
-            && record.superseded_by.is_none()
-        {
-            return refuse(format!(
-                "its companions ({}) belong to run {} at {}",
-                paths.manifest.display(),
-                owner.run_id,
-                record.output_path
-            ));
-        }
+        self.refuse_companions_of_another_output(paths).await?;
         for suffix in recovery_sidecar::paths::COMPANION_SUFFIXES {
             let Some(stem) = name.strip_suffix(suffix).filter(|s| !s.is_empty()) else {
                 continue;
@@ -993,6 +1003,10 @@ impl Registry {
         .await?;
         let moved = match existing {
             Existing::Run => {
+                // The companions' run may have been created for a sibling output sharing them
+                // (`out.jsonl` beside `out.json`) after this create was checked: refused as
+                // the check refuses it (hostile review 39: it was called unreadable).
+                self.refuse_companions_of_another_output(&paths).await?;
                 let Some(adopted) = self.adopt_locked(run).await? else {
                     // A manifest that names no run is unreadable, not a run to resume (hostile
                     // review 35: "run_exists" with no run).

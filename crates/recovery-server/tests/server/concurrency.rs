@@ -961,6 +961,62 @@ async fn plans_read_beside_replacements_answer_a_whole_run_or_run_superseded() {
     }
 }
 
+/// Hostile review 39: racing creates of outputs that share their companions (`out.jsonl`,
+/// `out.json`, `out.txt`, `out`) answered the losers 422 `manifest_unreadable` ("restore it, or
+/// replace it"), about the winner's healthy manifest. Each loser is told what a create sent
+/// after the winner is told: the run exists (its own output), or the companions are another
+/// output's run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_of_outputs_sharing_companions_create_one_run_and_name_it_to_the_rest() {
+    let app = TestApp::new().await;
+    let dir = app.output().parent().expect("dir").to_owned();
+    let names = ["out.jsonl", "out.json", "out.txt", "out"];
+    let requests = (0..16)
+        .map(|i| {
+            let mut body = app.create_body();
+            body["output_path"] = json!(dir.join(names[i % names.len()]));
+            (Method::POST, "/runs".to_owned(), COLLECTOR, body)
+        })
+        .collect();
+    let replies = all_at_once(&app, requests).await;
+    let created: Vec<&Reply> = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED)
+        .collect();
+    assert_eq!(created.len(), 1, "one run is created");
+    let winner = created[0].body["run_id"].as_str().expect("id");
+    let winner_output = created[0].body["output_path"].as_str().expect("output");
+    for (i, reply) in replies.iter().enumerate() {
+        if reply.status == StatusCode::CREATED {
+            continue;
+        }
+        let output = dir.join(names[i % names.len()]);
+        let code = reply.body["code"].as_str().unwrap_or("");
+        if output.to_str() == Some(winner_output) {
+            assert_eq!(
+                (reply.status, code),
+                (StatusCode::CONFLICT, "run_exists"),
+                "{}",
+                reply.body
+            );
+        } else {
+            assert_eq!(
+                (reply.status, code, reply.body["details"]["field"].as_str()),
+                (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "path_refused",
+                    Some("output_path")
+                ),
+                "{}: {}",
+                output.display(),
+                reply.body
+            );
+            let message = reply.body["message"].as_str().unwrap_or("");
+            assert!(message.contains(winner), "{message} names {winner}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_starts_again() {
     let app = TestApp::new().await;
