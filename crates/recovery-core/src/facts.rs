@@ -974,7 +974,7 @@ fn read_line_into<T: for<'de> MapFacts<'de>>(bytes: &[u8], facts: &mut T) -> Res
                 _ => Ok(false),
             }
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(crate::rows::line_parse_error(&e)),
     }
 }
 

@@ -132,6 +132,20 @@ pub enum JsonlError<E: std::error::Error + 'static = std::convert::Infallible> {
     Handler(E),
 }
 
+/// Why serde_json refused one line, placed within that line: its own "at line L column C"
+/// counts from the start of the slice, which holds the line's `\n`, so an error at that `\n`
+/// read "line 2 column 0" in a message naming the line's number in its file (hostile review
+/// 39).
+pub fn line_parse_error(error: &serde_json::Error) -> String {
+    let text = error.to_string();
+    let place = format!(" at line {} column {}", error.line(), error.column());
+    match text.strip_suffix(&place) {
+        Some(reason) if error.line() <= 1 => format!("{reason} at column {}", error.column()),
+        Some(reason) => format!("{reason} at the end of the line"),
+        None => text,
+    }
+}
+
 /// Parses one JSONL line the way the collector's reader (orjson) accepts it, nesting allowed up
 /// to [`crate::canonical::MAX_DEPTH`].
 pub fn parse_line(bytes: &[u8]) -> Result<Value, String> {
@@ -141,7 +155,7 @@ pub fn parse_line(bytes: &[u8]) -> Result<Value, String> {
         Err(e) if e.to_string().contains("recursion limit") => {
             crate::canonical::parse_json(bytes).map_err(|e| e.to_string())
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(line_parse_error(&e)),
     }
 }
 

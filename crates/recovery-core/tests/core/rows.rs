@@ -90,3 +90,24 @@ fn logical_rollout_ids_follow_the_identity_rules() {
         }
     }
 }
+
+/// A refused line's reason is placed within that line (hostile review 39: an error at a line's
+/// `\n` read "at line 2 column 0" inside a message naming the line's place in its file).
+#[test]
+fn a_refused_line_is_placed_by_its_column_or_its_end() {
+    for (line, expected) in [
+        (
+            &b"{\"question\": \"cut short\n"[..],
+            "at the end of the line",
+        ),
+        (&b"{\"a\": tru}\n"[..], "expected ident at column 10"),
+        (&b"{\"a\": 1} x"[..], "trailing characters at column 10"),
+    ] {
+        let message = recovery_core::rows::parse_line(line).expect_err("refused");
+        assert!(
+            message.ends_with(expected) && !message.contains(" at line "),
+            "{}: {message}",
+            String::from_utf8_lossy(line)
+        );
+    }
+}

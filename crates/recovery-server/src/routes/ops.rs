@@ -91,6 +91,7 @@ pub async fn list_approvals(
 #[utoipa::path(delete, path = "/runs/{run_id}/approvals/{approval_id}", tag = "approvals",
     params(("run_id" = String, Path, description = "Run id"), ("approval_id" = String, Path, description = "Approval id")),
     responses((status = 204, description = "Revoked"), (status = 409, description = "Already used or revoked (conflict)", body = ApiErrorBody),
+        (status = 422, description = "An approval id longer than 256 bytes (invalid_request)", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 403, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn revoke_approval(
     State(state): State<AppState>,
@@ -98,6 +99,17 @@ pub async fn revoke_approval(
     caller: Caller,
 ) -> ApiResult<StatusCode> {
     caller.require(Role::Operator)?;
+    // Bounded as ids in bodies are (hostile review 39: a 300-byte id was looked up and echoed
+    // in a 404).
+    if approval_id.len() > crate::limits::ID {
+        return Err(ApiError::invalid_field(
+            "approval_id",
+            format!(
+                "approval_id: longer than {} bytes (the value is not repeated)",
+                crate::limits::ID
+            ),
+        ));
+    }
     let (_, run) = state.locked_run(&run_id).await?;
     let work = state.clone();
     state

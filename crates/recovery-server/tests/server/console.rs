@@ -483,6 +483,45 @@ async fn a_session_ends_when_its_token_leaves_the_configuration() {
     assert_eq!(page.status, StatusCode::OK);
 }
 
+/// An operator's extend form with no integer is refused naming the field, the value not
+/// repeated (hostile review 39: the page said only "invalid digit found in string").
+#[tokio::test]
+async fn an_extend_form_without_an_integer_is_refused_naming_the_field() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let operator = sign_in(&app, OPERATOR).await;
+    let run_page = format!("/ui/runs/{run_id}");
+    let page = visit(&app, Method::GET, &run_page, Some(&operator), None, &[]).await;
+    let csrf = csrf_of(&page.body);
+    for typed in ["abc", "Bearer%20sk-live-1234", "1.5", ""] {
+        let form = format!("csrf={csrf}&extend_attempts={typed}&reason=more");
+        let answer = visit(
+            &app,
+            Method::POST,
+            &format!("{run_page}/extend"),
+            Some(&operator),
+            Some(&form),
+            &[],
+        )
+        .await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{typed}: {}",
+            answer.body
+        );
+        assert!(
+            answer.body.contains("extend_attempts") && !answer.body.contains("sk-live-1234"),
+            "{typed}: {}",
+            answer.body
+        );
+    }
+    let extension = std::fs::read_to_string(
+        recovery_sidecar::SidecarPaths::for_output(&app.output()).attempt_extension,
+    );
+    assert!(extension.is_err(), "nothing was extended: {extension:?}");
+}
+
 /// A viewer's action form is refused for the role before it is read: malformed or empty, the
 /// answer is 403 as for a well-formed one (it was a 422 naming what was wrong).
 #[tokio::test]

@@ -394,6 +394,13 @@ async fn an_invalid_field_is_named_in_details() {
             Some(json!({"task_index": -1, "rollout_index": 0, "attempt_index": 0, "reason": "r"})),
             "task_index",
         ),
+        (
+            Method::DELETE,
+            format!("/runs/{run_id}/approvals/{}", "a".repeat(300)),
+            OPERATOR,
+            None,
+            "approval_id",
+        ),
         (Method::GET, "/drift?key=".to_owned(), VIEWER, None, "key"),
         (
             Method::GET,
