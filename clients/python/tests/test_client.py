@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import queue
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from rollout_recovery_client import (
     Approval,
     ConfigError,
     Manifest,
+    OutcomeRefusedError,
     Plan,
     RecoveryClient,
     ResumeRefusedError,
@@ -276,6 +278,35 @@ def test_reserve_extend_and_resubmit(
     resubmit = client.resubmit(spec.run_id, "start the budget over")
     assert resubmit.run_id == spec.run_id
     assert resubmit.line_offset == 1
+
+
+def test_an_outcome_line_is_checked_before_it_is_saved(
+    client: RecoveryClient, new_run: Callable[..., RunSpec]
+) -> None:
+    spec = new_run(tasks=2)
+    lease = client.acquire_lease(spec.run_id, "c", ttl_seconds=30)
+    client.reserve_attempts(spec.run_id, lease.lease_id, ["0-0"])
+    row = result_row(spec.run_id, 0)
+    line = json.dumps(row, separators=(",", ":"))
+    checked = client.check_outcome(spec.run_id, line)
+    assert (checked.artifact, checked.rollout_id, checked.attempt, checked.disposition) == (
+        "results",
+        "0-0",
+        0,
+        "new",
+    )
+    failure = client.check_outcome(spec.run_id, json.dumps(failure_row(spec.run_id, 0)).encode())
+    assert (failure.artifact, failure.disposition) == ("failures", "new")
+    with pytest.raises(OutcomeRefusedError) as refused:
+        client.check_outcome(spec.run_id, json.dumps(result_row(spec.run_id, 1)))
+    assert refused.value.reason == "unreserved"
+    assert refused.value.status == 422
+    append_jsonl(spec.output, [row])
+    assert client.check_outcome(spec.run_id, line + "\n").disposition == "already_saved"
+    with pytest.raises(OutcomeRefusedError) as conflict:
+        client.check_outcome(spec.run_id, json.dumps({**row, "reward": 0.0}))
+    assert conflict.value.reason == "conflicting_outcomes"
+    client.release_lease(spec.run_id, lease.lease_id)
 
 
 def test_rejudgment_admit_reopen_and_close(

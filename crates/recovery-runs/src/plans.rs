@@ -21,8 +21,9 @@ use recovery_core::failure::ClassificationPolicy;
 use recovery_core::journals::ApprovalTriple;
 use recovery_core::manifest::RunManifest;
 use recovery_core::plan::{
-    Artifact, Budget, IndexOptions, JsonlMark, LineAt, LineSource, OutcomesError, PlanSummary,
-    PlanView, Reservations, RunIndex, index_outcomes, read_inventory,
+    Artifact, Budget, IndexOptions, JsonlMark, LineAt, LineSource, OutcomeCheck, OutcomeRow,
+    OutcomesError, PlanError, PlanSummary, PlanView, Reservations, RunIndex, index_outcomes,
+    read_inventory,
 };
 use recovery_sidecar::SidecarPaths;
 use sha2::{Digest, Sha256};
@@ -55,6 +56,7 @@ struct Mark {
 }
 
 /// An outcome file as measured before the manifest is read.
+#[derive(Debug)]
 struct Measured {
     file: Option<File>,
     identity: Option<(u64, u64)>,
@@ -277,6 +279,36 @@ pub struct RunPlan<'a> {
     approvals: BTreeSet<ApprovalTriple>,
     /// The index's summary cache and the inputs of this plan.
     summary: Option<(&'a SummaryCell, SummaryInputs)>,
+    /// The outcome files as measured for this plan (failures, results) and where the index
+    /// read them to: a checked line would be read there.
+    outcome_files: &'a [Measured; 2],
+    read_to: [JsonlMark; 2],
+}
+
+/// Why a line a collector is about to save would not be admitted ([`RunPlan::check_outcome`]).
+#[derive(Debug, thiserror::Error)]
+pub enum OutcomeRefusal {
+    #[error("line: not one JSONL line (it holds a line end before its last byte)")]
+    NotOneLine,
+    #[error("line: Malformed JSON: {0}")]
+    Malformed(String),
+    #[error("line: a saved outcome must be a JSON object")]
+    NotAnObject,
+    /// A rule of the plan (facts §11.2): what reading the line from its file would refuse.
+    #[error("line: {0}")]
+    Refused(#[from] PlanError),
+}
+
+impl OutcomeRefusal {
+    /// A stable snake_case name of the rule refused.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::NotOneLine => "not_one_line",
+            Self::Malformed(_) => "malformed_json",
+            Self::NotAnObject => "not_an_object",
+            Self::Refused(error) => error.reason(),
+        }
+    }
 }
 
 /// The attempt that used an approval of `(task, rollout, attempt)`, read from the run's files:
@@ -323,6 +355,43 @@ impl RunPlan<'_> {
     /// How many outcomes the index holds.
     pub fn outcomes(&self) -> usize {
         self.index.outcome_count()
+    }
+
+    /// What this plan would make of `line` (one JSONL line, its final `\n` optional) if a
+    /// collector appended it now to the file its `_ng_failure_class` routes it to: the module's
+    /// `check_outcome` (facts §11.2), by the rules the plan reads saved lines with, so a line
+    /// it admits never stops the plan. Reads saved lines to compare payloads; writes nothing.
+    pub fn check_outcome(&self, line: &[u8]) -> Result<OutcomeCheck, OutcomeRefusal> {
+        let line = line.strip_suffix(b"\n").unwrap_or(line);
+        if line.contains(&b'\n') {
+            return Err(OutcomeRefusal::NotOneLine);
+        }
+        let row = OutcomeRow::parse(
+            line,
+            self.index.policy(),
+            self.index.retry_terminal_timeouts(),
+        )
+        .map_err(OutcomeRefusal::Malformed)?
+        .ok_or(OutcomeRefusal::NotAnObject)?;
+        let read_to = self.read_to;
+        let end_of = |artifact: Artifact| {
+            let mark = read_to[match artifact {
+                Artifact::Failures => 0,
+                Artifact::Results => 1,
+            }];
+            LineAt {
+                line: mark.lines + 1,
+                offset: mark.offset,
+                length: line.len() as u64 + 1,
+            }
+        };
+        let mut files = FileLines {
+            failures: self.outcome_files[0].file.as_ref(),
+            results: self.outcome_files[1].file.as_ref(),
+        };
+        Ok(self
+            .index
+            .check(self.reservations, &row, line, end_of, &mut files)?)
     }
 }
 
@@ -480,6 +549,8 @@ fn refresh<T>(
         },
         approvals,
         summary: Some((&indexed.summary, inputs)),
+        outcome_files: &measured,
+        read_to: [indexed.marks[0].read, indexed.marks[1].read],
     };
     let result = work(&plan);
     slot.indexed = Some(indexed);

@@ -42,6 +42,9 @@ pub enum ErrorCode {
     IdentityError,
     /// Saved rows cannot be planned or classified (malformed line, inconsistent record).
     RowsInvalid,
+    /// A line a collector is about to save would be refused by the plan's rules (facts §11.2):
+    /// `details.reason` names the rule, `details.field` is `line`. Nothing was written.
+    OutcomeRefused,
     /// The run's files contradict its manifest: a companion it needs is missing, the
     /// materialized inputs do not match it, or an older collector's draft journal is beside it.
     RunFilesInvalid,
@@ -94,6 +97,7 @@ impl ErrorCode {
             Self::InvalidRequest
             | Self::IdentityError
             | Self::RowsInvalid
+            | Self::OutcomeRefused
             | Self::PathRefused
             | Self::ManifestUnreadable => StatusCode::UNPROCESSABLE_ENTITY,
             Self::CursorExpired => StatusCode::GONE,

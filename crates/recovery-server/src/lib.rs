@@ -38,7 +38,7 @@ use utoipa::OpenApi;
         routes::runs::create_run, routes::runs::import_legacy, routes::runs::validate, routes::runs::list_runs, routes::runs::get_run, routes::runs::list_validations,
         routes::query::drift, routes::query::run_drift, routes::query::classify, routes::query::plan,
         routes::ops::approve, routes::ops::list_approvals, routes::ops::revoke_approval,
-        routes::ops::extend, routes::ops::resubmit, routes::ops::reserve,
+        routes::ops::extend, routes::ops::resubmit, routes::ops::reserve, routes::ops::check_outcome,
         routes::ops::admit_rejudgment, routes::ops::close_rejudgment,
         routes::leases::acquire, routes::leases::heartbeat, routes::leases::release, routes::leases::holder, routes::leases::takeover,
         routes::audit::audit, routes::system::reindex, routes::system::healthz, routes::system::readyz, routes::system::metrics, routes::system::openapi,
@@ -246,6 +246,10 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/runs/{run_id}/attempts/reserve",
             post(routes::ops::reserve),
+        )
+        .route(
+            "/runs/{run_id}/outcomes/check",
+            post(routes::ops::check_outcome),
         )
         .route(
             "/runs/{run_id}/rejudgments",

@@ -1351,6 +1351,166 @@ async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
     (run_id, lease)
 }
 
+/// `POST /runs/{id}/outcomes/check` (the module's `check_outcome`, facts §11.2) says where a
+/// line goes and what the plan would make of it, or refuses it naming the rule; it writes
+/// nothing, and it agrees with the plan: a line it admits, once appended, plans; a line it
+/// refuses by a plan rule stops the plan (except a missing attempt index, which saved lines
+/// are read as attempt 0 with but a line being saved must carry).
+#[tokio::test]
+async fn an_outcome_line_is_checked_by_the_rules_the_plan_reads_saved_lines_with() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]
+        .as_str()
+        .expect("lease")
+        .to_owned();
+    let reserved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["0-0", "1-0"]})),
+        )
+        .await;
+    assert_eq!(reserved.status, StatusCode::OK, "{}", reserved.body);
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let result = |task: i64, attempt: Value, reward: f64| json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt, "_ng_run_id": run_id, "reward": reward, "response": {"output": [{"type": "message"}], "status": "completed"}});
+    let saved = result(0, json!(0), 1.0).to_string();
+    std::fs::write(&paths.output, format!("{saved}\n")).expect("results");
+    let failure = json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "_ng_failure_class": "transport_peer_drop", "failure_kind": "transport_peer_drop"});
+    let mut untagged = result(1, json!(0), 1.0);
+    untagged.as_object_mut().expect("row").remove("_ng_run_id");
+    let mut no_attempt = result(1, json!(0), 1.0);
+    no_attempt
+        .as_object_mut()
+        .expect("row")
+        .remove("_ng_attempt_index");
+    let mut other_run = result(1, json!(0), 1.0);
+    other_run["_ng_run_id"] = json!("0123456789abcdef0123456789abcdef");
+    let mut renamed = result(1, json!(0), 1.0);
+    renamed["_ng_rollout_id"] = json!("0-0");
+    let mut evidence = result(1, json!(0), 1.0);
+    evidence["_ng_omitted_rollout"] = json!(true);
+    // (line, the answer: a disposition with its file, rollout and attempt, or a refusal's
+    // reason)
+    type Admitted = (&'static str, &'static str, Value, Value);
+    let cases: Vec<(String, Result<Admitted, &str>)> = vec![
+        (
+            result(1, json!(0), 1.0).to_string(),
+            Ok(("new", "results", json!("1-0"), json!(0))),
+        ),
+        (
+            failure.to_string(),
+            Ok(("new", "failures", json!("1-0"), json!(0))),
+        ),
+        (
+            format!("{saved}\n"),
+            Ok(("already_saved", "results", json!("0-0"), json!(0))),
+        ),
+        (
+            evidence.to_string(),
+            Ok(("evidence", "results", Value::Null, Value::Null)),
+        ),
+        (
+            result(0, json!(0), 0.0).to_string(),
+            Err("conflicting_outcomes"),
+        ),
+        (result(1, json!(1), 1.0).to_string(), Err("unreserved")),
+        (
+            result(5, json!(0), 1.0).to_string(),
+            Err("not_in_inventory"),
+        ),
+        (result(1, json!(true), 1.0).to_string(), Err("bad_attempt")),
+        (result(1, json!(-1), 1.0).to_string(), Err("bad_attempt")),
+        (no_attempt.to_string(), Err("bad_attempt")),
+        (other_run.to_string(), Err("different_run")),
+        (untagged.to_string(), Err("different_run")),
+        (renamed.to_string(), Err("mismatched_index")),
+        ("{\"_ng_task_index\": 1,".to_owned(), Err("malformed_json")),
+        ("[1]".to_owned(), Err("not_an_object")),
+        (format!("{saved}\n{saved}"), Err("not_one_line")),
+    ];
+    let snapshot =
+        || [&paths.output, &paths.failures, &paths.manifest].map(|p| std::fs::read(p).ok());
+    let before = snapshot();
+    let uri = format!("/runs/{run_id}/outcomes/check");
+    for (line, expected) in &cases {
+        let reply = app
+            .call(
+                Method::POST,
+                &uri,
+                Some(COLLECTOR),
+                Some(json!({"line": line})),
+            )
+            .await;
+        match expected {
+            Ok((disposition, artifact, rollout, attempt)) => {
+                assert_eq!(reply.status, StatusCode::OK, "{line}: {}", reply.body);
+                assert_eq!(
+                    reply.body,
+                    json!({"disposition": disposition, "artifact": artifact, "rollout_id": rollout, "attempt": attempt}),
+                    "{line}"
+                );
+            }
+            Err(reason) => {
+                assert_eq!(
+                    (
+                        reply.status,
+                        reply.body["code"].as_str(),
+                        reply.body["details"]["reason"].as_str(),
+                        reply.body["details"]["field"].as_str()
+                    ),
+                    (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        Some("outcome_refused"),
+                        Some(*reason),
+                        Some("line")
+                    ),
+                    "{line}: {}",
+                    reply.body
+                );
+            }
+        }
+    }
+    assert_eq!(snapshot(), before, "a check writes nothing");
+    // The plan agrees: each JSON object line appended where it is routed, then taken away.
+    for (line, expected) in &cases {
+        let Ok(Value::Object(row)) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        if matches!(expected, Err("bad_attempt")) && !row.contains_key("_ng_attempt_index") {
+            continue;
+        }
+        let file = if row.get("_ng_failure_class").is_some_and(|c| !c.is_null()) {
+            &paths.failures
+        } else {
+            &paths.output
+        };
+        let length = std::fs::metadata(file).map_or(0, |m| m.len());
+        let mut appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(file)
+            .expect("open");
+        std::io::Write::write_all(&mut appended, format!("{}\n", line.trim_end()).as_bytes())
+            .expect("append");
+        let plan = app
+            .call(
+                Method::GET,
+                &format!("/runs/{run_id}/plan"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        let expected_status = match expected {
+            Ok(_) => StatusCode::OK,
+            Err(_) => StatusCode::UNPROCESSABLE_ENTITY,
+        };
+        assert_eq!(plan.status, expected_status, "{line}: {}", plan.body);
+        appended.set_len(length).expect("take the line away");
+    }
+}
+
 /// The coverage snapshot `<stem>_coverage.json` is written when a lease is granted and when
 /// it is released, as a Python collector's store writes it when it opens and closes (facts
 /// §11.7; gap review 34: it was never written, so file-based tools found nothing).

@@ -32,6 +32,7 @@ from .models import (
     Lease,
     LeaseStatus,
     LegacyImported,
+    OutcomeCheck,
     Plan,
     PlanEntry,
     ReindexReport,
@@ -639,6 +640,21 @@ class RecoveryClient:
         return {
             str(k): v for k, v in attempts.items() if isinstance(v, int) and not isinstance(v, bool)
         }
+
+    def check_outcome(self, run_id: str, line: str | bytes) -> OutcomeCheck:
+        """Check an outcome line before appending it (the module's ``check_outcome``): the
+        file it goes in, its rollout and attempt, and what the plan would make of it; raises
+        ``OutcomeRefusedError`` (``.reason``) when reading it from the file would stop the plan.
+        ``line`` is the line exactly as it will be written (its final newline optional).
+        Writes nothing."""
+        text = line.decode("utf-8") if isinstance(line, bytes) else line
+        return OutcomeCheck.from_dict(
+            self._object(
+                "POST",
+                f"/runs/{_segment(run_id)}/outcomes/check",
+                json={"line": text},
+            )
+        )
 
     def extend_attempts(self, run_id: str, extend_attempts: int, reason: str) -> AttemptExtension:
         """Add attempts to every rollout's cap (operator; 1-100)."""

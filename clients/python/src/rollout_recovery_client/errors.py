@@ -200,6 +200,19 @@ class RowsInvalidError(ConfigError):
     """422 ``rows_invalid``: saved rows cannot be planned or classified."""
 
 
+class OutcomeRefusedError(ConfigError):
+    """422 ``outcome_refused``: a line checked before it is saved would stop the plan.
+
+    ``reason`` names the rule (``not_in_inventory``, ``bad_attempt``, ``unreserved``,
+    ``conflicting_outcomes``, ``different_run``, ``malformed_json``, ...). Nothing was written.
+    """
+
+    @property
+    def reason(self) -> str | None:
+        value = self.details.get("reason")
+        return value if isinstance(value, str) else None
+
+
 class RunFilesInvalidError(ConfigError):
     """409 ``run_files_invalid``: the run's files contradict its manifest."""
 
@@ -383,6 +396,7 @@ ERROR_CLASSES: dict[str, type[RecoveryError]] = {
     "manifest_unreadable": ManifestUnreadableError,
     "identity_error": IdentityError,
     "rows_invalid": RowsInvalidError,
+    "outcome_refused": OutcomeRefusedError,
     "run_files_invalid": RunFilesInvalidError,
     "run_locked": RunLockedError,
     "lease_not_held": LeaseNotHeldError,

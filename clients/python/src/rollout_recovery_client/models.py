@@ -442,6 +442,31 @@ class AttemptExtension:
 
 
 @dataclass(frozen=True)
+class OutcomeCheck:
+    """What the plan would make of an outcome line a collector is about to save."""
+
+    #: ``failures`` (its ``_ng_failure_class`` is not null) or ``results``: where it goes.
+    artifact: str
+    #: The logical rollout id and attempt it is an outcome of (``None`` for evidence).
+    rollout_id: str | None
+    attempt: int | None
+    #: ``new``, ``already_saved``, ``rejudges``, ``rejudged_already``,
+    #: ``superseded_by_migration`` or ``evidence``.
+    disposition: str
+    raw: Raw = field(repr=False)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OutcomeCheck:
+        return cls(
+            artifact=_str(data, "artifact"),
+            rollout_id=_opt_str(data, "rollout_id"),
+            attempt=_opt_int(data, "attempt"),
+            disposition=_str(data, "disposition"),
+            raw=_raw(data),
+        )
+
+
+@dataclass(frozen=True)
 class Resubmit:
     """A resubmit: failures before ``line_offset`` in the failures sidecar no longer count."""
 

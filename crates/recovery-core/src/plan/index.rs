@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde_json::Value;
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::OnceLock;
 
 /// Where a line is in its file: 1-based line number, byte offset and length (newline included).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,23 @@ pub struct LineAt {
 /// Reads back a line the index saw before, to compare two outcomes of one attempt.
 pub trait LineSource {
     fn read_line(&mut self, artifact: Artifact, at: LineAt) -> Result<Vec<u8>, String>;
+}
+
+/// The saved lines, and a line about to be saved at `at` in `artifact`.
+struct WithCandidate<'a> {
+    artifact: Artifact,
+    at: LineAt,
+    line: &'a [u8],
+    files: &'a mut dyn LineSource,
+}
+
+impl LineSource for WithCandidate<'_> {
+    fn read_line(&mut self, artifact: Artifact, at: LineAt) -> Result<Vec<u8>, String> {
+        if (artifact, at) == (self.artifact, self.at) {
+            return Ok(self.line.to_vec());
+        }
+        self.files.read_line(artifact, at)
+    }
 }
 
 /// The lines of outcome files held in memory (tests, small inputs).
@@ -165,6 +183,20 @@ impl OutcomeRow {
     }
 }
 
+impl OutcomeRow {
+    /// `_ng_failure_class` as the index keeps it: `None` when absent or null, a string's text,
+    /// any other value's JSON.
+    fn failure_class(&self) -> Option<String> {
+        self.failure_class
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+    }
+}
+
 /// The facts kept of one saved outcome.
 #[derive(Debug, Clone)]
 struct Outcome {
@@ -172,7 +204,7 @@ struct Outcome {
     at: LineAt,
     attempt: i64,
     /// The canonical payload's SHA-256, once a comparison needed it.
-    fingerprint: Option<[u8; 32]>,
+    fingerprint: OnceLock<[u8; 32]>,
     failure_class: Option<Box<str>>,
     migrated_invalid_judge: bool,
     rejudge_of: Option<Box<str>>,
@@ -186,6 +218,54 @@ enum RejudgeLink {
     /// The attempt's outcome re-judges the new line: the line is history.
     Predecessor,
     Unrelated,
+}
+
+/// What indexing one outcome does to its rollout ([`RunIndex::admit`]).
+#[derive(Debug, Clone, Copy)]
+struct Admitted {
+    position: usize,
+    attempt: i64,
+    /// A legacy rollout's attempts numbered so far, after this outcome.
+    legacy_count: Option<i64>,
+    disposition: Disposition,
+    /// The outcome (index) a re-judgment takes the place of.
+    rejudged: Option<u32>,
+}
+
+/// What becomes of an outcome line that its run's files admit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Disposition {
+    /// Evidence, not an outcome (an omitted rollout's stand-in, an unrouted run error): no
+    /// reader counts it.
+    Evidence,
+    /// The attempt's outcome: it has none yet.
+    New,
+    /// The same payload as the attempt's saved outcome: nothing changes.
+    AlreadySaved,
+    /// It re-judges the attempt's saved outcome (a judge failure it names by SHA-256) and takes
+    /// its place.
+    Rejudges,
+    /// The attempt's saved outcome re-judges it: the line is history.
+    RejudgedAlready,
+    /// The invalid-judge migration's sidecar copy supersedes it.
+    SupersededByMigration,
+}
+
+/// What the plan would make of an outcome line a collector is about to save
+/// ([`RunIndex::check`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OutcomeCheck {
+    /// The file the line belongs in: the failures sidecar when `_ng_failure_class` is not
+    /// null, else the results file.
+    pub artifact: Artifact,
+    /// The logical rollout id (absent for evidence).
+    pub rollout_id: Option<String>,
+    /// The attempt the line is an outcome of (absent for evidence).
+    pub attempt: Option<i64>,
+    pub disposition: Disposition,
 }
 
 /// A manifest's reservations by inventory position (`0`: none), checked against the inventory.
@@ -411,7 +491,7 @@ impl RunIndex {
 
     /// Whether the outcome `earlier` and the line at `at` hold the same payload.
     fn same_payload(
-        &mut self,
+        &self,
         earlier: u32,
         artifact: Artifact,
         at: LineAt,
@@ -431,10 +511,8 @@ impl RunIndex {
         if trim_newline(&old) == trim_newline(&current) {
             return Ok(true);
         }
-        let known = self.outcomes[earlier].fingerprint;
-        let old_fingerprint = known.unwrap_or_else(|| fingerprint_line(&old));
-        self.outcomes[earlier].fingerprint = Some(old_fingerprint);
-        Ok(old_fingerprint == fingerprint_line(&current))
+        let old_fingerprint = previous.fingerprint.get_or_init(|| fingerprint_line(&old));
+        Ok(*old_fingerprint == fingerprint_line(&current))
     }
 
     /// Indexes one saved outcome, checked against the manifest's `reservations`. Feed the
@@ -447,15 +525,89 @@ impl RunIndex {
         row: OutcomeRow,
         source: &mut dyn LineSource,
     ) -> Result<(), PlanError> {
+        // The id buffer is lent to the decision (which changes nothing) and taken back.
+        let mut buffer = std::mem::take(&mut self.id_buffer);
+        let admitted = self.admit(reservations, artifact, at, &row, source, &mut buffer);
+        self.id_buffer = buffer;
+        self.apply(artifact, at, row, admitted?);
+        Ok(())
+    }
+
+    /// What the plan would make of `line` (parsed as `row`) if a collector appended it now to
+    /// the file its `_ng_failure_class` routes it to (facts §11.2, the module's
+    /// `check_outcome`): the rules outcomes read from the files pass, and an explicit attempt
+    /// index, which a line being saved must carry. `end_of` tells where each file ends (the
+    /// line would be read there); `files` reads the saved lines. Changes nothing.
+    pub fn check(
+        &self,
+        reservations: &Reservations,
+        row: &OutcomeRow,
+        line: &[u8],
+        end_of: impl Fn(Artifact) -> LineAt,
+        files: &mut dyn LineSource,
+    ) -> Result<OutcomeCheck, PlanError> {
+        let artifact = if row.failure_class().is_some() {
+            Artifact::Failures
+        } else {
+            Artifact::Results
+        };
+        let at = end_of(artifact);
+        if !row.evidence && row.attempt == AttemptField::Absent {
+            return Err(PlanError::BadAttempt {
+                artifact,
+                line: at.line,
+            });
+        }
+        let mut source = WithCandidate {
+            artifact,
+            at,
+            line,
+            files,
+        };
+        let admitted = self.admit(
+            reservations,
+            artifact,
+            at,
+            row,
+            &mut source,
+            &mut String::new(),
+        )?;
+        let evidence = admitted.disposition == Disposition::Evidence;
+        Ok(OutcomeCheck {
+            artifact,
+            rollout_id: (!evidence).then(|| self.rollout_id(admitted.position)),
+            attempt: (!evidence).then_some(admitted.attempt),
+            disposition: admitted.disposition,
+        })
+    }
+
+    /// What indexing the outcome `row`, saved at `at` in `artifact`, would do, changing
+    /// nothing: the one set of rules for outcomes read from the files
+    /// ([`Self::add`]) and for a line a collector is about to save ([`Self::check`]).
+    fn admit(
+        &self,
+        reservations: &Reservations,
+        artifact: Artifact,
+        at: LineAt,
+        row: &OutcomeRow,
+        source: &mut dyn LineSource,
+        id_buffer: &mut String,
+    ) -> Result<Admitted, PlanError> {
         let line = at.line;
         if row.evidence {
             // `_ng_omitted_rollout` rows (and unrouted run errors) are evidence that no reader
             // counts as a failure or an attempt (facts §14.4): skipped before anything else.
-            return Ok(());
+            return Ok(Admitted {
+                position: 0,
+                attempt: 0,
+                legacy_count: None,
+                disposition: Disposition::Evidence,
+                rejudged: None,
+            });
         }
         let legacy = self.legacy_import && row.run_id.is_none();
         let position = {
-            let id = row.identity.logical_id(&mut self.id_buffer)?;
+            let id = row.identity.logical_id(id_buffer)?;
             match self.positions.get(id) {
                 Some(&position) => position as usize,
                 None => {
@@ -474,6 +626,7 @@ impl RunIndex {
                 return Err(PlanError::BadAttempt { artifact, line });
             }
         };
+        let mut legacy_count = None;
         let attempt = if legacy {
             // Untagged legacy rows are numbered in arrival order; a reused explicit index whose
             // payload differs moves past what this rollout has seen.
@@ -484,10 +637,17 @@ impl RunIndex {
             {
                 attempt = count.max(attempt + 1);
             }
-            self.rollouts[position].legacy_count = count.max(attempt + 1);
+            legacy_count = Some(count.max(attempt + 1));
             attempt
         } else {
             explicit.unwrap_or(0)
+        };
+        let admitted = |disposition, rejudged| Admitted {
+            position,
+            attempt,
+            legacy_count,
+            disposition,
+            rejudged,
         };
         let expected = &self.expected[position];
         for (field, value, saved) in [
@@ -511,14 +671,7 @@ impl RunIndex {
                 });
             }
         }
-        let failure_class = row
-            .failure_class
-            .as_ref()
-            .filter(|v| !v.is_null())
-            .map(|v| match v {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            });
+        let failure_class = row.failure_class();
         if !legacy && (artifact == Artifact::Results) == failure_class.is_some() {
             return Err(PlanError::WrongArtifact { artifact, line });
         }
@@ -530,10 +683,7 @@ impl RunIndex {
         {
             // A crash between the sidecar copy and the main-file rewrite of the invalid-judge
             // migration leaves both; the marked sidecar copy supersedes.
-            self.warnings.push(format!(
-                "{artifact} line {line}: superseded by the invalid-judge migration"
-            ));
-            return Ok(());
+            return Ok(admitted(Disposition::SupersededByMigration, None));
         }
         let run_id = row.run_id.as_ref().and_then(|r| r.as_deref());
         if run_id != Some(self.run_id.as_str()) && !legacy {
@@ -559,26 +709,53 @@ impl RunIndex {
                 attempt,
             });
         }
-        if let Some(previous) = earlier {
-            if self.same_payload(previous, artifact, at, source)? {
-                return Ok(());
-            }
-            return match self.rejudge_link(previous, artifact, at, &row, source)? {
-                RejudgeLink::Successor => {
-                    self.supersede(previous, artifact, at, failure_class, row);
-                    Ok(())
-                }
-                RejudgeLink::Predecessor => Ok(()),
-                RejudgeLink::Unrelated => Err(PlanError::Conflict {
-                    artifact,
-                    line,
-                    rollout: self.rollout_id(position),
-                    attempt,
-                }),
-            };
+        let Some(previous) = earlier else {
+            return Ok(admitted(Disposition::New, None));
+        };
+        if self.same_payload(previous, artifact, at, source)? {
+            return Ok(admitted(Disposition::AlreadySaved, None));
         }
-        self.insert(position, artifact, at, attempt, failure_class, row);
-        Ok(())
+        match self.rejudge_link(previous, artifact, at, row, source)? {
+            RejudgeLink::Successor => Ok(admitted(Disposition::Rejudges, Some(previous))),
+            RejudgeLink::Predecessor => Ok(admitted(Disposition::RejudgedAlready, None)),
+            RejudgeLink::Unrelated => Err(PlanError::Conflict {
+                artifact,
+                line,
+                rollout: self.rollout_id(position),
+                attempt,
+            }),
+        }
+    }
+
+    /// Carries out what [`Self::admit`] decided for `row`.
+    fn apply(&mut self, artifact: Artifact, at: LineAt, row: OutcomeRow, admitted: Admitted) {
+        if let Some(count) = admitted.legacy_count {
+            self.rollouts[admitted.position].legacy_count = count;
+        }
+        match admitted.disposition {
+            Disposition::New => {
+                let failure_class = row.failure_class();
+                self.insert(
+                    admitted.position,
+                    artifact,
+                    at,
+                    admitted.attempt,
+                    failure_class,
+                    row,
+                );
+            }
+            Disposition::Rejudges => {
+                if let Some(previous) = admitted.rejudged {
+                    let failure_class = row.failure_class();
+                    self.supersede(previous, artifact, at, failure_class, row);
+                }
+            }
+            Disposition::SupersededByMigration => self.warnings.push(format!(
+                "{artifact} line {}: superseded by the invalid-judge migration",
+                at.line
+            )),
+            Disposition::Evidence | Disposition::AlreadySaved | Disposition::RejudgedAlready => {}
+        }
     }
 
     /// A canonical failure record is well formed and agrees with its envelope.
@@ -661,7 +838,7 @@ impl RunIndex {
             artifact,
             at,
             attempt,
-            fingerprint: None,
+            fingerprint: OnceLock::new(),
             failure_class: failure_class.map(String::into_boxed_str),
             migrated_invalid_judge: row.migrated_invalid_judge,
             rejudge_of: row.rejudge_of,
@@ -721,7 +898,7 @@ impl RunIndex {
         let outcome = &mut self.outcomes[earlier];
         outcome.artifact = artifact;
         outcome.at = at;
-        outcome.fingerprint = None;
+        outcome.fingerprint = OnceLock::new();
         outcome.failure_class = failure_class.map(String::into_boxed_str);
         outcome.migrated_invalid_judge = row.migrated_invalid_judge;
         outcome.rejudge_of = row.rejudge_of;

@@ -23,8 +23,8 @@ mod index;
 mod read;
 
 pub use index::{
-    Expected, LineAt, LineSource, MemoryLines, OutcomeRow, PlanSummary, PlanView, Reservations,
-    RunIndex,
+    Disposition, Expected, LineAt, LineSource, MemoryLines, OutcomeCheck, OutcomeRow, PlanSummary,
+    PlanView, Reservations, RunIndex,
 };
 pub use read::{JsonlMark, OutcomesError, index_outcomes, read_inventory};
 
@@ -250,6 +250,28 @@ pub enum PlanError {
         line: u64,
         message: String,
     },
+}
+
+impl PlanError {
+    /// A stable snake_case name of the rule refused (an API's `details.reason`).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Row(RowError::InvalidIdentity(_)) => "invalid_identity",
+            Self::Row(RowError::NoIdentity) => "no_identity",
+            Self::DuplicateRollout(_) => "duplicate_rollout",
+            Self::UnknownReservations(_) => "unknown_reservations",
+            Self::NotInInventory { .. } => "not_in_inventory",
+            Self::BadAttempt { .. } => "bad_attempt",
+            Self::MismatchedIndex { .. } => "mismatched_index",
+            Self::DifferentRun { .. } => "different_run",
+            Self::InvalidFailureRecord { .. } => "invalid_failure_record",
+            Self::InconsistentFailureRecord { .. } => "inconsistent_failure_record",
+            Self::Unreserved { .. } => "unreserved",
+            Self::Conflict { .. } => "conflicting_outcomes",
+            Self::WrongArtifact { .. } => "wrong_artifact",
+            Self::Unreadable { .. } => "unreadable",
+        }
+    }
 }
 
 /// Which saved file a row came from.

@@ -2,11 +2,12 @@
 //! resubmits, execution-number reservations and judge-only re-judgments.
 
 use crate::config::{Caller, CollectorCaller, OperatorCaller, Role};
-use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult};
+use crate::error::{ApiError, ApiErrorBody, ApiJson, ApiResult, ErrorCode};
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use recovery_core::plan::OutcomeCheck;
 use recovery_runs::LockedRun;
 use recovery_runs::operations::{Admission, Admitted};
 use recovery_store::{Approval, AttemptExtension, Rejudgment, Resubmit};
@@ -253,6 +254,55 @@ pub async fn reserve(
             Ok(Json(ReserveResponse { attempts }))
         })
         .await
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CheckOutcomeRequest {
+    /// The outcome line exactly as the collector will append it (its final `\n` optional).
+    #[serde(deserialize_with = "crate::limits::line")]
+    #[schema(max_length = 1048576)]
+    pub line: String,
+}
+
+/// Check an outcome line before saving it (the module's `check_outcome`, facts §11.2): the
+/// file its `_ng_failure_class` routes it to, the rollout and attempt it is an outcome of, and
+/// what the plan would make of it, by the rules the plan reads saved lines with; refused
+/// (`outcome_refused`, `details.reason`) when reading it from the file would stop the plan:
+/// a rollout not in the inputs, a missing or bad attempt index, mismatched indices, another
+/// run's id, an invalid or inconsistent failure record, an unreserved attempt, a different
+/// payload for a saved attempt. Writes nothing; no lease needed.
+#[utoipa::path(post, path = "/runs/{run_id}/outcomes/check", tag = "attempts", request_body = CheckOutcomeRequest,
+    params(("run_id" = String, Path, description = "Run id")),
+    responses((status = 200, body = recovery_core::plan::OutcomeCheck, description = "The line would be admitted"),
+        (status = 422, description = "outcome_refused (details.reason), invalid_request, rows_invalid (the saved files cannot be planned)", body = ApiErrorBody),
+        (status = 409, description = "no_manifest, run_files_invalid or run_superseded", body = ApiErrorBody),
+        (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody),
+        (status = 503, description = "overloaded: retry after Retry-After", body = ApiErrorBody)))]
+pub async fn check_outcome(
+    State(state): State<AppState>,
+    Path(run_id): Path<String>,
+    _: CollectorCaller,
+    ApiJson(request): ApiJson<CheckOutcomeRequest>,
+) -> ApiResult<Json<OutcomeCheck>> {
+    let reading = state.run_on_disk(&run_id).await?;
+    let paths = reading.paths.clone();
+    let cap = state.config.default_max_attempts;
+    let caches = state.registry.caches().clone();
+    let checked = state
+        .plans
+        .run(move |_| {
+            // The files stay as they are until the line is checked.
+            let _reading = reading;
+            Ok(caches.plans.with_plan(&paths, cap, |plan| {
+                plan.check_outcome(request.line.as_bytes())
+            })?)
+        })
+        .await?;
+    checked.map(Json).map_err(|refusal| {
+        ApiError::new(ErrorCode::OutcomeRefused, refusal.to_string())
+            .with_details(serde_json::json!({"field": "line", "reason": refusal.reason()}))
+    })
 }
 
 #[derive(Debug, Clone, Deserialize, ToSchema)]
