@@ -221,8 +221,10 @@ enum RejudgeLink {
 }
 
 /// What indexing one outcome does to its rollout ([`RunIndex::admit`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Admitted {
+    /// `_ng_failure_class` as the index keeps it ([`OutcomeRow::failure_class`]).
+    failure_class: Option<String>,
     position: usize,
     attempt: i64,
     /// A legacy rollout's attempts numbered so far, after this outcome.
@@ -598,6 +600,7 @@ impl RunIndex {
             // `_ng_omitted_rollout` rows (and unrouted run errors) are evidence that no reader
             // counts as a failure or an attempt (facts §14.4): skipped before anything else.
             return Ok(Admitted {
+                failure_class: None,
                 position: 0,
                 attempt: 0,
                 legacy_count: None,
@@ -642,7 +645,8 @@ impl RunIndex {
         } else {
             explicit.unwrap_or(0)
         };
-        let admitted = |disposition, rejudged| Admitted {
+        let admitted = |disposition, rejudged, failure_class| Admitted {
+            failure_class,
             position,
             attempt,
             legacy_count,
@@ -683,7 +687,7 @@ impl RunIndex {
         {
             // A crash between the sidecar copy and the main-file rewrite of the invalid-judge
             // migration leaves both; the marked sidecar copy supersedes.
-            return Ok(admitted(Disposition::SupersededByMigration, None));
+            return Ok(admitted(Disposition::SupersededByMigration, None, None));
         }
         let run_id = row.run_id.as_ref().and_then(|r| r.as_deref());
         if run_id != Some(self.run_id.as_str()) && !legacy {
@@ -710,14 +714,18 @@ impl RunIndex {
             });
         }
         let Some(previous) = earlier else {
-            return Ok(admitted(Disposition::New, None));
+            return Ok(admitted(Disposition::New, None, failure_class));
         };
         if self.same_payload(previous, artifact, at, source)? {
-            return Ok(admitted(Disposition::AlreadySaved, None));
+            return Ok(admitted(Disposition::AlreadySaved, None, None));
         }
         match self.rejudge_link(previous, artifact, at, row, source)? {
-            RejudgeLink::Successor => Ok(admitted(Disposition::Rejudges, Some(previous))),
-            RejudgeLink::Predecessor => Ok(admitted(Disposition::RejudgedAlready, None)),
+            RejudgeLink::Successor => Ok(admitted(
+                Disposition::Rejudges,
+                Some(previous),
+                failure_class,
+            )),
+            RejudgeLink::Predecessor => Ok(admitted(Disposition::RejudgedAlready, None, None)),
             RejudgeLink::Unrelated => Err(PlanError::Conflict {
                 artifact,
                 line,
@@ -734,7 +742,7 @@ impl RunIndex {
         }
         match admitted.disposition {
             Disposition::New => {
-                let failure_class = row.failure_class();
+                let failure_class = admitted.failure_class;
                 self.insert(
                     admitted.position,
                     artifact,
@@ -746,7 +754,7 @@ impl RunIndex {
             }
             Disposition::Rejudges => {
                 if let Some(previous) = admitted.rejudged {
-                    let failure_class = row.failure_class();
+                    let failure_class = admitted.failure_class;
                     self.supersede(previous, artifact, at, failure_class, row);
                 }
             }
