@@ -81,21 +81,42 @@ pub struct ApprovalLine {
     pub attempt_index: i64,
 }
 
+/// The longest approval id a line may carry (the service's ids are 32 hex digits; an API call
+/// names at most 256 bytes, so a longer one could never be revoked).
+pub const APPROVAL_ID_MAX: usize = 256;
+
 impl ApprovalLine {
-    /// The attempt the approval names; `None` for a negative index (it approves nothing).
-    pub fn triple(&self) -> Option<ApprovalTriple> {
-        let triple = (self.task_index, self.rollout_index, self.attempt_index);
-        (triple.0 >= 0 && triple.1 >= 0 && triple.2 >= 0).then_some(triple)
+    /// One journal line (without its `\n`) read as an approval: a whole line of the format, its
+    /// id 1 to [`APPROVAL_ID_MAX`] bytes, its indices non-negative; anything else is why not.
+    pub fn parse(line: &[u8]) -> Result<Self, String> {
+        let approval = serde_json::from_slice::<Self>(line).map_err(|e| e.to_string())?;
+        if approval.approval_id.is_empty() || approval.approval_id.len() > APPROVAL_ID_MAX {
+            return Err(format!(
+                "approval_id: must be 1 to {APPROVAL_ID_MAX} bytes (a longer or empty one could never be revoked)"
+            ));
+        }
+        if approval.task_index < 0 || approval.rollout_index < 0 || approval.attempt_index < 0 {
+            return Err("task_index, rollout_index, attempt_index: must not be negative".into());
+        }
+        Ok(approval)
+    }
+
+    /// The attempt the approval names.
+    pub fn triple(&self) -> ApprovalTriple {
+        (self.task_index, self.rollout_index, self.attempt_index)
     }
 }
 
-/// `load_rerun_masked_approvals`: (task index, rollout index, attempt index) of every readable
-/// approval in `<stem>_rerun_masked.jsonl`; a line that is not a whole [`ApprovalLine`] approves
-/// nothing, so the plan honours exactly the approvals the service lists, revokes and reindexes
-/// (a hand-written `{task_index, rollout_index, attempt_index}` line approved a rerun that the
-/// list did not show: hostile review 39).
+/// `load_rerun_masked_approvals`: (task index, rollout index, attempt index) of every approval
+/// in `<stem>_rerun_masked.jsonl`, read as the service lists, revokes and reindexes them (a
+/// hand-written line that one honoured and another ignored reopened masked answers that the
+/// approvals list never showed: hostile reviews 39 and 40). A line approves only when it is
+/// - ended by `\n` (an unterminated last line may be a write in progress),
+/// - a whole approval ([`ApprovalLine::parse`]),
+/// - the first line with its `approval_id` (a later line reusing an id approves nothing).
 pub fn rerun_masked_approvals(reader: impl Read) -> BTreeSet<ApprovalTriple> {
     let mut approvals = BTreeSet::new();
+    let mut ids = std::collections::HashSet::new();
     let mut lines = BufReader::new(reader);
     let mut line = Vec::new();
     loop {
@@ -104,11 +125,13 @@ pub fn rerun_masked_approvals(reader: impl Read) -> BTreeSet<ApprovalTriple> {
             Ok(0) | Err(_) => return approvals,
             Ok(_) => {}
         }
-        if let Some(triple) = serde_json::from_slice::<ApprovalLine>(&line)
-            .ok()
-            .and_then(|approval| approval.triple())
+        let Some(whole) = line.strip_suffix(b"\n") else {
+            return approvals;
+        };
+        if let Ok(approval) = ApprovalLine::parse(whole)
+            && ids.insert(approval.approval_id.clone())
         {
-            approvals.insert(triple);
+            approvals.insert(approval.triple());
         }
     }
 }

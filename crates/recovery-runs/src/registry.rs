@@ -465,24 +465,17 @@ impl Registry {
         let journal = run.paths().rerun_masked.clone();
         let id = approval_id.to_owned();
         let removed = blocking(move || {
-            let lines =
-                read_lines(&journal).map_err(io(format!("reading {}", journal.display())))?;
-            let mut kept = Vec::with_capacity(lines.len());
-            let mut removed = false;
-            for line in lines {
-                let is_target = serde_json::from_slice::<ApprovalLine>(&line)
-                    .is_ok_and(|a| a.approval_id == id);
-                removed |= is_target;
-                if !is_target {
-                    kept.extend_from_slice(&line);
-                    kept.push(b'\n');
-                }
-            }
-            if removed {
-                recovery_sidecar::atomic_write(&journal, &kept, None)
-                    .map_err(io(format!("rewriting {}", journal.display())))?;
-            }
-            Ok(removed)
+            let bytes = match recovery_sidecar::read_regular(&journal) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(io(format!("reading {}", journal.display()))(e)),
+            };
+            let Some(kept) = without_approval(&bytes, &id) else {
+                return Ok(false);
+            };
+            recovery_sidecar::atomic_write(&journal, &kept, None)
+                .map_err(io(format!("rewriting {}", journal.display())))?;
+            Ok(true)
         })
         .await?;
         let revoked = self
@@ -1077,7 +1070,7 @@ impl Registry {
         let mut journalled = std::collections::HashSet::new();
         let mut inserted = Vec::new();
         for (number, line) in approvals.iter().enumerate() {
-            match serde_json::from_slice::<ApprovalLine>(line) {
+            match ApprovalLine::parse(line) {
                 Ok(line) => {
                     journalled.insert(line.approval_id.clone());
                     let record = approval_record(&run_id, line);
@@ -1416,6 +1409,27 @@ fn parse_drift_lines(
 }
 
 /// Unix seconds as fixed-width RFC 3339 text.
+/// The approvals journal `bytes` without the lines that carry `approval_id` (the first
+/// whole one approves; a later one reusing the id approves nothing, and would approve once
+/// the first was gone), every other byte kept as it was, an unterminated last line included;
+/// `None` when no line carries it. (A revocation dropped the unterminated last line too, and
+/// a duplicate id's line approved in the plan while the list never showed it: hostile review
+/// 40.)
+fn without_approval(bytes: &[u8], approval_id: &str) -> Option<Vec<u8>> {
+    let mut kept = Vec::with_capacity(bytes.len());
+    let mut removed = false;
+    for line in bytes.split_inclusive(|&b| b == b'\n') {
+        let carries_id = line.strip_suffix(b"\n").is_some_and(|whole| {
+            ApprovalLine::parse(whole).is_ok_and(|a| a.approval_id == approval_id)
+        });
+        removed |= carries_id;
+        if !carries_id {
+            kept.extend_from_slice(line);
+        }
+    }
+    removed.then_some(kept)
+}
+
 pub fn unix_to_text(seconds: f64) -> String {
     let nanos = (seconds * 1e9) as i128;
     time::OffsetDateTime::from_unix_timestamp_nanos(nanos)

@@ -439,7 +439,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
         .record_approval(&run, &manifest.run_id, "op", "lost artifact", (3, 0, 1))
         .await
         .expect("approval");
-    registry
+    let second = registry
         .record_approval(&run, &manifest.run_id, "op", "lost artifact", (4, 0, 2))
         .await
         .expect("approval");
@@ -473,6 +473,39 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
             .iter()
             .any(|a| a.approval_id == first.approval_id && a.revoked_at.is_some())
     );
+    // A revocation takes away the lines of its id only, and leaves every other byte (hostile
+    // review 40: it also dropped an unterminated last line). Lines written by hand: one
+    // reusing the second approval's id (it approves nothing), one whole, one unterminated.
+    let hand = |id: &str, task: i64| {
+        serde_json::json!({"approval_id": id, "at": "2026-12-05T12:00:00Z", "by": "op", "reason": "r", "task_index": task, "rollout_index": 0, "attempt_index": 0})
+            .to_string()
+    };
+    let journal_before = std::fs::read(&paths.rerun_masked).expect("journal");
+    let reused = format!("{}\n", hand(&second.approval_id, 5));
+    let torn = hand("hand-2", 7);
+    let mut journal = journal_before.clone();
+    journal.extend_from_slice(reused.as_bytes());
+    journal.extend_from_slice(format!("{}\n", hand("hand-1", 6)).as_bytes());
+    journal.extend_from_slice(torn.as_bytes());
+    std::fs::write(&paths.rerun_masked, &journal).expect("hand-written lines");
+    let read = || {
+        recovery_core::journals::rerun_masked_approvals(
+            std::fs::File::open(&paths.rerun_masked).expect("journal"),
+        )
+    };
+    assert_eq!(read(), BTreeSet::from([(4, 0, 2), (6, 0, 0)]));
+    assert!(
+        registry
+            .revoke_approval(&run, "hand-1")
+            .await
+            .expect("revoke")
+    );
+    assert_eq!(
+        std::fs::read(&paths.rerun_masked).expect("journal"),
+        [journal_before, reused.into_bytes(), torn.into_bytes()].concat(),
+        "every other byte stays"
+    );
+    assert_eq!(read(), BTreeSet::from([(4, 0, 2)]));
     registry
         .record_extension(&run, &manifest.run_id, "op", "outage", 2)
         .await

@@ -683,6 +683,9 @@ fn scenario_48_an_approval_reopens_exactly_the_attempt_it_names() {
         ("attempt_index", json!(-1)),
         ("attempt_index", json!(2.0)),
         ("approval_id", json!(7)),
+        // An id no revocation could name (hostile review 40).
+        ("approval_id", json!("")),
+        ("approval_id", json!("a".repeat(257))),
     ] {
         let mut line = whole.clone();
         line["attempt_index"] = json!(2);
@@ -696,6 +699,18 @@ fn scenario_48_an_approval_reopens_exactly_the_attempt_it_names() {
             "{line} approves nothing"
         );
     }
+    // A later line reusing an id, and an unterminated last line (a write in progress),
+    // approve nothing either (hostile review 40: the plan honoured both, the list neither).
+    let mut reused = whole.clone();
+    reused["task_index"] = json!(2);
+    let mut torn = whole.clone();
+    torn["approval_id"] = json!("a9");
+    torn["attempt_index"] = json!(3);
+    assert_eq!(
+        rerun_masked_approvals(format!("{whole}\n{reused}\n{torn}").as_bytes()),
+        BTreeSet::from([(3, 0, 1)]),
+        "only the first line of an id, and only whole lines, approve"
+    );
     let journal = format!("{whole}\n{}\n", unreadable.join("\n"));
     let approvals = rerun_masked_approvals(journal.as_bytes());
     assert_eq!(
