@@ -1391,6 +1391,12 @@ async fn an_outcome_line_is_checked_by_the_rules_the_plan_reads_saved_lines_with
     renamed["_ng_rollout_id"] = json!("0-0");
     let mut evidence = result(1, json!(0), 1.0);
     evidence["_ng_omitted_rollout"] = json!(true);
+    // The invalid-judge migration: the original result of 0-0 saved, its sidecar copy checked.
+    let mut judged = result(0, json!(0), 0.0);
+    judged["invalid_judge_response"] = json!(true);
+    let mut migrated = judged.clone();
+    migrated["_ng_failure_class"] = json!("judge_invalid");
+    migrated["_ng_migrated_invalid_judge_response"] = json!(true);
     // (line, the answer: a disposition with its file, rollout and attempt, or a refusal's
     // reason)
     type Admitted = (&'static str, &'static str, Value, Value);
@@ -1428,6 +1434,7 @@ async fn an_outcome_line_is_checked_by_the_rules_the_plan_reads_saved_lines_with
         (renamed.to_string(), Err("mismatched_index")),
         ("{\"_ng_task_index\": 1,".to_owned(), Err("malformed_json")),
         ("[1]".to_owned(), Err("not_an_object")),
+        ("{}".to_owned(), Err("no_identity")),
         (format!("{saved}\n{saved}"), Err("not_one_line")),
     ];
     let snapshot =
@@ -1509,6 +1516,34 @@ async fn an_outcome_line_is_checked_by_the_rules_the_plan_reads_saved_lines_with
         assert_eq!(plan.status, expected_status, "{line}: {}", plan.body);
         appended.set_len(length).expect("take the line away");
     }
+    // The invalid-judge migration in the order a migrating collector writes it: the result
+    // saved, then its sidecar copy. The plan reads the sidecar first, so the copy takes the
+    // result's place (hostile review 40: the check called it conflicting).
+    std::fs::write(&paths.output, format!("{judged}\n")).expect("results");
+    let reply = app
+        .call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(json!({"line": migrated.to_string()})),
+        )
+        .await;
+    assert_eq!(
+        reply.body,
+        json!({"disposition": "migrates", "artifact": "failures", "rollout_id": "0-0", "attempt": 0}),
+        "{}",
+        reply.body
+    );
+    std::fs::write(&paths.failures, format!("{migrated}\n")).expect("failures");
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(plan.status, StatusCode::OK, "{}", plan.body);
 }
 
 /// The coverage snapshot `<stem>_coverage.json` is written when a lease is granted and when

@@ -450,7 +450,7 @@ class OutcomeCheck:
     #: The logical rollout id and attempt it is an outcome of (``None`` for evidence).
     rollout_id: str | None
     attempt: int | None
-    #: ``new``, ``already_saved``, ``rejudges``, ``rejudged_already``,
+    #: ``new``, ``already_saved``, ``rejudges``, ``rejudged_already``, ``migrates``,
     #: ``superseded_by_migration`` or ``evidence``.
     disposition: str
     raw: Raw = field(repr=False)

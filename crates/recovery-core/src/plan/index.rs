@@ -207,6 +207,8 @@ struct Outcome {
     fingerprint: OnceLock<[u8; 32]>,
     failure_class: Option<Box<str>>,
     migrated_invalid_judge: bool,
+    /// A result whose `invalid_judge_response` is truthy (the migration's original).
+    invalid_judge_response: bool,
     rejudge_of: Option<Box<str>>,
     classified: Classified,
 }
@@ -253,6 +255,16 @@ pub enum Disposition {
     RejudgedAlready,
     /// The invalid-judge migration's sidecar copy supersedes it.
     SupersededByMigration,
+    /// It is the invalid-judge migration's sidecar copy of the saved result: read first, it
+    /// takes the result's place.
+    Migrates,
+}
+
+/// Whether an outcome line is read from its file or checked before it is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reading {
+    Saved,
+    Saving,
 }
 
 /// What the plan would make of an outcome line a collector is about to save
@@ -529,7 +541,14 @@ impl RunIndex {
     ) -> Result<(), PlanError> {
         // The id buffer is lent to the decision (which changes nothing) and taken back.
         let mut buffer = std::mem::take(&mut self.id_buffer);
-        let admitted = self.admit(reservations, artifact, at, &row, source, &mut buffer);
+        let admitted = self.admit(
+            reservations,
+            Reading::Saved,
+            (artifact, at),
+            &row,
+            source,
+            &mut buffer,
+        );
         self.id_buffer = buffer;
         self.apply(artifact, at, row, admitted?);
         Ok(())
@@ -554,12 +573,6 @@ impl RunIndex {
             Artifact::Results
         };
         let at = end_of(artifact);
-        if !row.evidence && row.attempt == AttemptField::Absent {
-            return Err(PlanError::BadAttempt {
-                artifact,
-                line: at.line,
-            });
-        }
         let mut source = WithCandidate {
             artifact,
             at,
@@ -568,8 +581,8 @@ impl RunIndex {
         };
         let admitted = self.admit(
             reservations,
-            artifact,
-            at,
+            Reading::Saving,
+            (artifact, at),
             row,
             &mut source,
             &mut String::new(),
@@ -586,15 +599,22 @@ impl RunIndex {
     /// What indexing the outcome `row`, saved at `at` in `artifact`, would do, changing
     /// nothing: the one set of rules for outcomes read from the files
     /// ([`Self::add`]) and for a line a collector is about to save ([`Self::check`]).
+    ///
+    /// A line being saved ([`Reading::Saving`]) is held to what the module's `check_outcome`
+    /// asks of it beyond that: an explicit attempt index, and a run id even on a legacy import
+    /// (untagged lines are tolerated only as the import found them). And it is decided as the
+    /// plan will read it, sidecar first: the invalid-judge migration's sidecar copy of a saved
+    /// result takes the result's place.
     fn admit(
         &self,
         reservations: &Reservations,
-        artifact: Artifact,
-        at: LineAt,
+        reading: Reading,
+        (artifact, at): (Artifact, LineAt),
         row: &OutcomeRow,
         source: &mut dyn LineSource,
         id_buffer: &mut String,
     ) -> Result<Admitted, PlanError> {
+        let saving = reading == Reading::Saving;
         let line = at.line;
         if row.evidence {
             // `_ng_omitted_rollout` rows (and unrouted run errors) are evidence that no reader
@@ -608,7 +628,7 @@ impl RunIndex {
                 rejudged: None,
             });
         }
-        let legacy = self.legacy_import && row.run_id.is_none();
+        let legacy = !saving && self.legacy_import && row.run_id.is_none();
         let position = {
             let id = row.identity.logical_id(id_buffer)?;
             match self.positions.get(id) {
@@ -623,6 +643,9 @@ impl RunIndex {
             }
         };
         let explicit = match row.attempt {
+            AttemptField::Absent if saving => {
+                return Err(PlanError::BadAttempt { artifact, line });
+            }
             AttemptField::Absent => None,
             AttemptField::Valid(a) => Some(a),
             AttemptField::Invalid => {
@@ -716,6 +739,20 @@ impl RunIndex {
         let Some(previous) = earlier else {
             return Ok(admitted(Disposition::New, None, failure_class));
         };
+        if saving
+            && artifact == Artifact::Failures
+            && self.outcomes[previous].artifact == Artifact::Results
+            && self.outcomes[previous].invalid_judge_response
+            && row.migrated_invalid_judge
+        {
+            // The sidecar is read first: there this copy is the attempt's outcome, and the
+            // saved result after it is superseded by the migration.
+            return Ok(admitted(
+                Disposition::Migrates,
+                Some(previous),
+                failure_class,
+            ));
+        }
         if self.same_payload(previous, artifact, at, source)? {
             return Ok(admitted(Disposition::AlreadySaved, None, None));
         }
@@ -762,7 +799,11 @@ impl RunIndex {
                 "{artifact} line {}: superseded by the invalid-judge migration",
                 at.line
             )),
-            Disposition::Evidence | Disposition::AlreadySaved | Disposition::RejudgedAlready => {}
+            // Only a line being saved migrates (read from the files, the sidecar comes first).
+            Disposition::Evidence
+            | Disposition::AlreadySaved
+            | Disposition::RejudgedAlready
+            | Disposition::Migrates => {}
         }
     }
 
@@ -849,6 +890,7 @@ impl RunIndex {
             fingerprint: OnceLock::new(),
             failure_class: failure_class.map(String::into_boxed_str),
             migrated_invalid_judge: row.migrated_invalid_judge,
+            invalid_judge_response: row.invalid_judge_response,
             rejudge_of: row.rejudge_of,
             classified: row.classified,
         });
@@ -909,6 +951,7 @@ impl RunIndex {
         outcome.fingerprint = OnceLock::new();
         outcome.failure_class = failure_class.map(String::into_boxed_str);
         outcome.migrated_invalid_judge = row.migrated_invalid_judge;
+        outcome.invalid_judge_response = row.invalid_judge_response;
         outcome.rejudge_of = row.rejudge_of;
         outcome.classified = row.classified;
     }

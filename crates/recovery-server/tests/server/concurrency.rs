@@ -350,6 +350,36 @@ async fn an_output_without_a_manifest_is_imported_as_a_legacy_run_once() {
         "{}",
         plan.body
     );
+    // New outcomes of an imported run carry its id and a reserved attempt: an untagged line is
+    // tolerated only as the import found it (hostile review 40: the check admitted one as a
+    // new, unreserved attempt 1 that replaced the scored answer).
+    let check = format!("/runs/{run_id}/outcomes/check");
+    for (line, reason) in [
+        (
+            json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "reward": 1.0,
+                "response": {"output": [{"type": "message"}], "status": "completed"}})
+            .to_string(),
+            "different_run",
+        ),
+        (
+            json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "reward": 1.0}).to_string(),
+            "different_run",
+        ),
+        (
+            json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 1, "_ng_run_id": run_id, "reward": 1.0}).to_string(),
+            "unreserved",
+        ),
+    ] {
+        let reply = app
+            .call(Method::POST, &check, Some(COLLECTOR), Some(json!({"line": line})))
+            .await;
+        assert_eq!(
+            (reply.status, reply.body["details"]["reason"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(reason)),
+            "{line}: {}",
+            reply.body
+        );
+    }
     let uri = format!("/runs/{run_id}/validate");
     let validate = |allow: bool| {
         let mut body = app.validate_body(0.3, 8000);
