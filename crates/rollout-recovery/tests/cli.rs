@@ -150,6 +150,55 @@ async fn create_run(
     created["run_id"].as_str().expect("run id").to_owned()
 }
 
+/// A request refused before its body is read (its caller's role, here) is answered with
+/// `Connection: close`, so a client never sends its next request on a connection the service
+/// drops: the Python client lost a request that way ("server disconnected without sending a
+/// response"). One pooled client alternates such refusals with ordinary calls.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_closes_its_connection_and_the_next_call_is_answered() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let server = Server::start(&data, &root);
+    let client = reqwest::Client::new();
+    let root = std::fs::canonicalize(&root).expect("root");
+    let run_id = create_run(&client, &server, &root, &root.join("exp/out.jsonl")).await;
+    let padding = "x".repeat(256 * 1024);
+    for round in 0..20 {
+        let refused = client
+            .post(format!("{}/runs/{run_id}/validate", server.url))
+            .bearer_auth(VIEWER)
+            .json(
+                &json!({"config": config(0.3), "global_config": global(8000), "padding": padding}),
+            )
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the refusal was lost: {e}"));
+        assert_eq!(refused.status().as_u16(), 403, "round {round}");
+        assert_eq!(
+            refused
+                .headers()
+                .get(reqwest::header::CONNECTION)
+                .and_then(|v| v.to_str().ok()),
+            Some("close"),
+            "round {round}"
+        );
+        let next = client
+            .post(format!("{}/runs/{run_id}/lease", server.url))
+            .bearer_auth(VIEWER)
+            .json(&json!({"holder": "v", "host": "h", "pid": 1}))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the next call was lost: {e}"));
+        assert_eq!(next.status().as_u16(), 403, "round {round}");
+        let health = client
+            .get(format!("{}/healthz", server.url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the health check was lost: {e}"));
+        assert_eq!(health.status().as_u16(), 200, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn a_run_end_to_end_over_a_real_socket() {
     let dir = tempfile::tempdir().expect("dir");
