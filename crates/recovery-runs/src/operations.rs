@@ -493,7 +493,7 @@ impl Registry {
                     ) == triple
             }) {
                 self.store()
-                    .consume_approval(&approval.approval_id, *attempt)
+                    .consume_approval(run_id, &approval.approval_id, *attempt)
                     .await?;
             }
         }
@@ -772,13 +772,15 @@ impl Registry {
             .await?;
         if let Some(attempt) = used_by {
             // The database learns it now (the approval's row said unused).
-            self.store().consume_approval(approval_id, attempt).await?;
+            self.store()
+                .consume_approval(run_id, approval_id, attempt)
+                .await?;
             return Err(OpError::Conflict(format!(
                 "approval {approval_id} was already used: attempt {attempt} was reserved after the approved attempt {}",
                 triple.2
             )));
         }
-        self.revoke_approval(run, approval_id).await?;
+        self.revoke_approval(run, run_id, approval_id).await?;
         self.audit(
             by,
             "approval.revoke",

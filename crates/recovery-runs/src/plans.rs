@@ -724,6 +724,18 @@ fn catch_up(
     paths: &SidecarPaths,
     measured: &[Measured; 2],
 ) -> Result<Indexed, RunFilesError> {
+    // A legacy import numbers untagged outcomes in reading order, the whole sidecar before the
+    // results file: a line appended to the sidecar after results were read would be numbered
+    // after them here, but before them by a cold read (hostile review 41: the same files
+    // planned two ways). Such a run is read again from the start instead.
+    if indexed.index.legacy_import()
+        && indexed.marks[1].read.offset > 0
+        && measured[0].size > indexed.marks[0].read.offset
+    {
+        return Err(RunFilesError::Inconsistent(
+            "a legacy run's sidecar grew: read again from the start".into(),
+        ));
+    }
     let mut lines = FileLines {
         failures: measured[0].file.as_ref(),
         results: measured[1].file.as_ref(),

@@ -460,6 +460,7 @@ impl Registry {
     pub async fn revoke_approval(
         &self,
         run: &LockedRun,
+        run_id: &str,
         approval_id: &str,
     ) -> Result<bool, RegistryError> {
         let journal = run.paths().rerun_masked.clone();
@@ -480,7 +481,7 @@ impl Registry {
         .await?;
         let revoked = self
             .store
-            .revoke_approval(approval_id, &self.clock.now_text())
+            .revoke_approval(run_id, approval_id, &self.clock.now_text())
             .await?;
         Ok(removed || revoked)
     }
@@ -925,7 +926,9 @@ impl Registry {
         let used =
             blocking(move || Ok(caches.plans.used_approvals(&plan_paths, cap, approvals))).await?;
         for (approval_id, attempt) in used {
-            self.store.consume_approval(&approval_id, attempt).await?;
+            self.store
+                .consume_approval(&manifest.run_id, &approval_id, attempt)
+                .await?;
         }
         Ok(())
     }
@@ -1070,6 +1073,10 @@ impl Registry {
         let mut journalled = std::collections::HashSet::new();
         let mut inserted = Vec::new();
         for (number, line) in approvals.iter().enumerate() {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                // A blank line is no approval, and no problem to report (hostile review 41).
+                continue;
+            }
             match ApprovalLine::parse(line) {
                 Ok(line) => {
                     journalled.insert(line.approval_id.clone());
@@ -1092,7 +1099,7 @@ impl Registry {
             for approval in self.store.list_approvals(&run_id).await? {
                 if approval.revoked_at.is_none() && !journalled.contains(&approval.approval_id) {
                     self.store
-                        .revoke_approval(&approval.approval_id, &now)
+                        .revoke_approval(&run_id, &approval.approval_id, &now)
                         .await?;
                     report.approvals_revoked += 1;
                 }
@@ -1411,17 +1418,17 @@ fn parse_drift_lines(
 /// Unix seconds as fixed-width RFC 3339 text.
 /// The approvals journal `bytes` without the lines that carry `approval_id` (the first
 /// whole one approves; a later one reusing the id approves nothing, and would approve once
-/// the first was gone), every other byte kept as it was, an unterminated last line included;
-/// `None` when no line carries it. (A revocation dropped the unterminated last line too, and
-/// a duplicate id's line approved in the plan while the list never showed it: hostile review
-/// 40.)
+/// the first was gone), an unterminated last line that carries it included (the next append
+/// ends it, and it would approve under the revoked id: hostile review 41); every other byte
+/// kept as it was. `None` when no line carries it. (A revocation dropped any unterminated
+/// last line, and a duplicate id's line approved in the plan while the list never showed it:
+/// hostile review 40.)
 fn without_approval(bytes: &[u8], approval_id: &str) -> Option<Vec<u8>> {
     let mut kept = Vec::with_capacity(bytes.len());
     let mut removed = false;
     for line in bytes.split_inclusive(|&b| b == b'\n') {
-        let carries_id = line.strip_suffix(b"\n").is_some_and(|whole| {
-            ApprovalLine::parse(whole).is_ok_and(|a| a.approval_id == approval_id)
-        });
+        let whole = line.strip_suffix(b"\n").unwrap_or(line);
+        let carries_id = ApprovalLine::parse(whole).is_ok_and(|a| a.approval_id == approval_id);
         removed |= carries_id;
         if !carries_id {
             kept.extend_from_slice(line);

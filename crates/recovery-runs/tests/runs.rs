@@ -453,7 +453,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
     );
     assert!(
         registry
-            .revoke_approval(&run, &first.approval_id)
+            .revoke_approval(&run, &manifest.run_id, &first.approval_id)
             .await
             .expect("revoke")
     );
@@ -483,29 +483,56 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
     let journal_before = std::fs::read(&paths.rerun_masked).expect("journal");
     let reused = format!("{}\n", hand(&second.approval_id, 5));
     let torn = hand("hand-2", 7);
+    // An unterminated last line reusing the revoked id goes with it: once ended by the next
+    // append, it would approve under that id (hostile review 41).
+    let torn_of_revoked = hand("hand-1", 8);
     let mut journal = journal_before.clone();
     journal.extend_from_slice(reused.as_bytes());
     journal.extend_from_slice(format!("{}\n", hand("hand-1", 6)).as_bytes());
-    journal.extend_from_slice(torn.as_bytes());
+    journal.extend_from_slice(format!("{torn}\n").as_bytes());
+    journal.extend_from_slice(torn_of_revoked.as_bytes());
     std::fs::write(&paths.rerun_masked, &journal).expect("hand-written lines");
     let read = || {
         recovery_core::journals::rerun_masked_approvals(
             std::fs::File::open(&paths.rerun_masked).expect("journal"),
         )
     };
-    assert_eq!(read(), BTreeSet::from([(4, 0, 2), (6, 0, 0)]));
+    assert_eq!(read(), BTreeSet::from([(4, 0, 2), (6, 0, 0), (7, 0, 0)]));
     assert!(
         registry
-            .revoke_approval(&run, "hand-1")
+            .revoke_approval(&run, &manifest.run_id, "hand-1")
             .await
             .expect("revoke")
     );
     assert_eq!(
         std::fs::read(&paths.rerun_masked).expect("journal"),
-        [journal_before, reused.into_bytes(), torn.into_bytes()].concat(),
+        [
+            journal_before,
+            reused.into_bytes(),
+            format!("{torn}\n").into_bytes()
+        ]
+        .concat(),
         "every other byte stays"
     );
-    assert_eq!(read(), BTreeSet::from([(4, 0, 2)]));
+    assert_eq!(read(), BTreeSet::from([(4, 0, 2), (7, 0, 0)]));
+    // A revocation keeps an unterminated last line of another id, byte for byte.
+    let mut journal = std::fs::read(&paths.rerun_masked).expect("journal");
+    let unended = hand("hand-3", 9);
+    journal.extend_from_slice(format!("{}\n", hand("hand-4", 10)).as_bytes());
+    journal.extend_from_slice(unended.as_bytes());
+    std::fs::write(&paths.rerun_masked, &journal).expect("hand-written lines");
+    assert!(
+        registry
+            .revoke_approval(&run, &manifest.run_id, "hand-4")
+            .await
+            .expect("revoke")
+    );
+    assert!(
+        std::fs::read(&paths.rerun_masked)
+            .expect("journal")
+            .ends_with(format!("}}\n{unended}").as_bytes()),
+        "the unterminated line stays as it was"
+    );
     registry
         .record_extension(&run, &manifest.run_id, "op", "outage", 2)
         .await
@@ -1838,4 +1865,44 @@ async fn shared_sections_of_one_run_at_two_replicas_take_turns_instead_of_refusi
     assert_eq!(stored, lines.into_iter().collect::<BTreeSet<_>>());
     one.store().close().await;
     two.store().close().await;
+}
+
+/// A legacy import numbers untagged outcomes in reading order, the whole failures sidecar
+/// before the results file. A sidecar line appended after the results were indexed is planned
+/// as a cold read plans it (hostile review 41: the warm plan numbered it after the results and
+/// answered otherwise than after a restart, for the same files).
+#[test]
+fn a_legacy_runs_plan_caught_up_with_an_appended_sidecar_line_equals_the_cold_plan() {
+    use recovery_runs::plans::{PlanCache, legacy_manifest, plan_once};
+    let dir = tempfile::tempdir().expect("dir");
+    let paths = SidecarPaths::for_output(&dir.path().join("out.jsonl"));
+    std::fs::write(
+        &paths.materialized,
+        "{\"_ng_task_index\":0,\"_ng_rollout_index\":0}\n{\"_ng_task_index\":1,\"_ng_rollout_index\":0}\n",
+    )
+    .expect("inputs");
+    let judged = serde_json::json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 0.0, "invalid_judge_response": true,
+        "response": {"output": [{"type": "message"}], "status": "completed"}});
+    std::fs::write(&paths.output, format!("{judged}\n")).expect("results");
+    std::fs::write(&paths.failures, "").expect("failures");
+    let manifest = legacy_manifest(&paths, "0123456789abcdef0123456789abcdef").expect("legacy");
+    std::fs::write(&paths.manifest, manifest.to_pretty_json().expect("json")).expect("manifest");
+    let states = |plan: &recovery_runs::plans::RunPlan<'_>| {
+        let view = plan.view();
+        (0..2)
+            .map(|p| {
+                let entry = view.entry(p);
+                (entry.state, entry.latest_attempt)
+            })
+            .collect::<Vec<_>>()
+    };
+    let cache = PlanCache::default();
+    cache.with_plan(&paths, 3, states).expect("warm plan");
+    let mut migrated = judged.clone();
+    migrated["_ng_failure_class"] = serde_json::json!("judge_invalid");
+    migrated["_ng_migrated_invalid_judge_response"] = serde_json::json!(true);
+    std::fs::write(&paths.failures, format!("{migrated}\n")).expect("sidecar line");
+    let warm = cache.with_plan(&paths, 3, states).expect("caught up");
+    let cold = plan_once(&paths, 3, states).expect("cold");
+    assert_eq!(warm, cold);
 }

@@ -1457,7 +1457,7 @@ impl Store {
     pub async fn insert_approval(&self, approval: &Approval) -> Result<bool, StoreError> {
         let result = sqlx::query(
             "INSERT INTO approvals (approval_id, run_id, at, by_actor, reason, task_index, rollout_index, attempt_index, \
-             consumed_by_attempt, revoked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (approval_id) DO NOTHING",
+             consumed_by_attempt, revoked_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (run_id, approval_id) DO NOTHING",
         )
         .bind(&approval.approval_id)
         .bind(&approval.run_id)
@@ -1484,28 +1484,38 @@ impl Store {
         .await?)
     }
 
-    /// Revokes an approval that no attempt consumed yet; `false` when there is none such.
-    pub async fn revoke_approval(&self, approval_id: &str, at: &str) -> Result<bool, StoreError> {
+    /// Revokes a run's approval that no attempt consumed yet; `false` when there is none such.
+    pub async fn revoke_approval(
+        &self,
+        run_id: &str,
+        approval_id: &str,
+        at: &str,
+    ) -> Result<bool, StoreError> {
         let result = sqlx::query(
-            "UPDATE approvals SET revoked_at = $1 WHERE approval_id = $2 AND revoked_at IS NULL AND consumed_by_attempt IS NULL",
+            "UPDATE approvals SET revoked_at = $1 WHERE run_id = $2 AND approval_id = $3 AND revoked_at IS NULL \
+             AND consumed_by_attempt IS NULL",
         )
         .bind(at)
+        .bind(run_id)
         .bind(approval_id)
         .execute(&self.pool)
         .await?;
         Ok(result.rows_affected() == 1)
     }
 
-    /// Marks an approval used by the attempt that reran it.
+    /// Marks a run's approval used by the attempt that reran it.
     pub async fn consume_approval(
         &self,
+        run_id: &str,
         approval_id: &str,
         attempt: i64,
     ) -> Result<bool, StoreError> {
         let result = sqlx::query(
-            "UPDATE approvals SET consumed_by_attempt = $1 WHERE approval_id = $2 AND consumed_by_attempt IS NULL AND revoked_at IS NULL",
+            "UPDATE approvals SET consumed_by_attempt = $1 WHERE run_id = $2 AND approval_id = $3 \
+             AND consumed_by_attempt IS NULL AND revoked_at IS NULL",
         )
         .bind(attempt)
+        .bind(run_id)
         .bind(approval_id)
         .execute(&self.pool)
         .await?;

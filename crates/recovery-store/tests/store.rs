@@ -1003,20 +1003,51 @@ async fn approvals_extensions_resubmits_and_rejudgments_keep_their_rules() {
                 .await
                 .expect("insert")
         );
-        assert!(store.consume_approval("a1", 2).await.expect("consume"));
+        // The same id in another run is that run's own approval (hostile review 41: keyed by
+        // id alone, it was never recorded, so it could be neither listed nor revoked).
+        let mut elsewhere = approval("a1", 1);
+        elsewhere.run_id = "r2".into();
+        assert!(store.insert_approval(&elsewhere).await.expect("insert"));
         assert!(
-            !store.revoke_approval("a1", &time(2)).await.expect("revoke"),
+            store
+                .consume_approval("r1", "a1", 2)
+                .await
+                .expect("consume")
+        );
+        assert!(
+            !store
+                .revoke_approval("r1", "a1", &time(2))
+                .await
+                .expect("revoke"),
             "a used approval cannot be revoked"
         );
-        assert!(store.revoke_approval("a2", &time(2)).await.expect("revoke"));
         assert!(
-            !store.consume_approval("a2", 3).await.expect("consume"),
+            store
+                .revoke_approval("r1", "a2", &time(2))
+                .await
+                .expect("revoke")
+        );
+        assert!(
+            !store
+                .consume_approval("r1", "a2", 3)
+                .await
+                .expect("consume"),
             "a revoked approval is never used"
         );
         let list = store.list_approvals("r1").await.expect("list");
         assert_eq!(
             (list[0].consumed_by_attempt, list[1].revoked_at.as_deref()),
             (Some(2), Some(time(2).as_str()))
+        );
+        let other = store.list_approvals("r2").await.expect("list");
+        assert_eq!(
+            (
+                other.len(),
+                other[0].consumed_by_attempt,
+                other[0].revoked_at.as_deref()
+            ),
+            (1, None, None),
+            "another run's approval of the same id is untouched"
         );
 
         let extension = AttemptExtension {

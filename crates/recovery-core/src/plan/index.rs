@@ -412,6 +412,12 @@ impl RunIndex {
         })
     }
 
+    /// Whether the run was imported as legacy: its untagged outcomes are numbered in the order
+    /// they are read, failures sidecar first.
+    pub fn legacy_import(&self) -> bool {
+        self.legacy_import
+    }
+
     /// The manifest's reservations by inventory position; every reserved rollout must be in the
     /// inventory.
     pub fn reservations(&self, manifest: &RunManifest) -> Result<Reservations, PlanError> {
