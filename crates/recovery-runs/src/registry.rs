@@ -83,6 +83,9 @@ pub struct ReindexReport {
     pub approvals_inserted: usize,
     /// Approvals the database held unrevoked that their journal no longer has.
     pub approvals_revoked: usize,
+    /// Approvals the database held revoked that their journal has again (a line written by
+    /// hand with a revoked id: the plan honours the journal, so the database follows it).
+    pub approvals_restored: usize,
     pub extensions_inserted: usize,
     pub resubmits_inserted: usize,
     pub rejudgments_inserted: usize,
@@ -101,6 +104,7 @@ impl ReindexReport {
         self.drift_inserted += other.drift_inserted;
         self.approvals_inserted += other.approvals_inserted;
         self.approvals_revoked += other.approvals_revoked;
+        self.approvals_restored += other.approvals_restored;
         self.extensions_inserted += other.extensions_inserted;
         self.resubmits_inserted += other.resubmits_inserted;
         self.rejudgments_inserted += other.rejudgments_inserted;
@@ -1078,11 +1082,26 @@ impl Registry {
                 continue;
             }
             match ApprovalLine::parse(line) {
+                // A later line reusing an id approves nothing (the plan reads the first).
+                Ok(line) if journalled.contains(&line.approval_id) => report.unreadable.push((
+                    format!("{}:{}", paths.rerun_masked.display(), number + 1),
+                    format!(
+                        "approval_id {:?} is an earlier line's: this one approves nothing",
+                        line.approval_id
+                    ),
+                )),
                 Ok(line) => {
                     journalled.insert(line.approval_id.clone());
                     let record = approval_record(&run_id, line);
                     if self.store.insert_approval(&record).await? {
                         report.approvals_inserted += 1;
+                        inserted.push(record);
+                    } else if self.store.restore_approval(&record).await? {
+                        // Revoked, and in the journal again: the plan honours the line, so the
+                        // list shows it and a revocation can take it away again (hostile
+                        // review 41: it approved while listed as revoked, and could not be
+                        // revoked).
+                        report.approvals_restored += 1;
                         inserted.push(record);
                     }
                 }

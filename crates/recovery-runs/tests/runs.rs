@@ -533,6 +533,36 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
             .ends_with(format!("}}\n{unended}").as_bytes()),
         "the unterminated line stays as it was"
     );
+    // A revoked id written into the journal again approves in the plan: a reindex records it
+    // again, unrevoked, so the list shows it and a revocation takes it away (hostile review 41:
+    // listed as revoked while it approved, and refused revocation).
+    let mut journal = std::fs::read(&paths.rerun_masked).expect("journal");
+    let len = journal.len();
+    journal.truncate(len - unended.len());
+    journal.extend_from_slice(format!("{}\n", hand(&first.approval_id, 3)).as_bytes());
+    std::fs::write(&paths.rerun_masked, &journal).expect("revoked id again");
+    assert!(read().contains(&(3, 0, 0)));
+    drop(run);
+    let report = registry.reindex().await.expect("reindex");
+    assert_eq!(report.approvals_restored, 1, "{report:?}");
+    let listed = store.list_approvals(&manifest.run_id).await.expect("list");
+    let again = listed
+        .iter()
+        .find(|a| a.approval_id == first.approval_id)
+        .expect("listed");
+    assert_eq!(
+        (again.revoked_at.as_deref(), again.task_index),
+        (None, 3),
+        "{again:?}"
+    );
+    let run = registry.lock(&paths).await.expect("lock");
+    assert!(
+        registry
+            .revoke_approval(&run, &manifest.run_id, &first.approval_id)
+            .await
+            .expect("revoke")
+    );
+    assert!(!read().contains(&(3, 0, 0)));
     registry
         .record_extension(&run, &manifest.run_id, "op", "outage", 2)
         .await

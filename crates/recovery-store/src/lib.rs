@@ -1484,6 +1484,27 @@ impl Store {
         .await?)
     }
 
+    /// A revoked approval of a run recorded again as `approval` says (its journal holds its id
+    /// again); `false` when the run has no revoked approval of that id.
+    pub async fn restore_approval(&self, approval: &Approval) -> Result<bool, StoreError> {
+        let result = sqlx::query(
+            "UPDATE approvals SET at = $1, by_actor = $2, reason = $3, task_index = $4, rollout_index = $5, \
+             attempt_index = $6, consumed_by_attempt = NULL, revoked_at = NULL \
+             WHERE run_id = $7 AND approval_id = $8 AND revoked_at IS NOT NULL",
+        )
+        .bind(&approval.at)
+        .bind(&approval.by)
+        .bind(&approval.reason)
+        .bind(approval.task_index)
+        .bind(approval.rollout_index)
+        .bind(approval.attempt_index)
+        .bind(&approval.run_id)
+        .bind(&approval.approval_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
     /// Revokes a run's approval that no attempt consumed yet; `false` when there is none such.
     pub async fn revoke_approval(
         &self,
