@@ -83,8 +83,9 @@ pub struct ReindexReport {
     pub approvals_inserted: usize,
     /// Approvals the database held unrevoked that their journal no longer has.
     pub approvals_revoked: usize,
-    /// Approvals the database held revoked that their journal has again (a line written by
-    /// hand with a revoked id: the plan honours the journal, so the database follows it).
+    /// Unused approvals the database held otherwise than their journal's first line of the id
+    /// says (revoked, and written again by hand; or edited in place): recorded again as the
+    /// line says, since the plan honours the journal.
     pub approvals_restored: usize,
     pub extensions_inserted: usize,
     pub resubmits_inserted: usize,
@@ -1097,10 +1098,10 @@ impl Registry {
                         report.approvals_inserted += 1;
                         inserted.push(record);
                     } else if self.store.restore_approval(&record).await? {
-                        // Revoked, and in the journal again: the plan honours the line, so the
-                        // list shows it and a revocation can take it away again (hostile
-                        // review 41: it approved while listed as revoked, and could not be
-                        // revoked).
+                        // Revoked and in the journal again, or its line edited: the plan
+                        // honours the line, so the list shows what it honours and a revocation
+                        // can take it away (hostile reviews 41 and 42: it approved while listed
+                        // as revoked, or listed as another line said).
                         report.approvals_restored += 1;
                         inserted.push(record);
                     }

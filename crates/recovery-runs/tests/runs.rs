@@ -563,6 +563,42 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
             .expect("revoke")
     );
     assert!(!read().contains(&(3, 0, 0)));
+    // A line edited in place (another rollout under the same id, the first line of it now) is
+    // listed as the plan honours it after a reindex (hostile review 42).
+    let second_now = store
+        .list_approvals(&manifest.run_id)
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|a| a.approval_id == second.approval_id)
+        .expect("second");
+    assert_eq!(second_now.task_index, 4);
+    let journal =
+        String::from_utf8(std::fs::read(&paths.rerun_masked).expect("journal")).expect("text");
+    let edited: String = journal
+        .split_inclusive('\n')
+        .map(|line| {
+            if line.contains(&second.approval_id) && line.contains("\"task_index\":4") {
+                line.replace("\"task_index\":4", "\"task_index\":11")
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect();
+    assert_ne!(edited, journal, "the second approval's line was edited");
+    std::fs::write(&paths.rerun_masked, edited).expect("edited in place");
+    assert!(read().contains(&(11, 0, 2)));
+    drop(run);
+    let report = registry.reindex().await.expect("reindex");
+    assert_eq!(report.approvals_restored, 1, "{report:?}");
+    let listed = store.list_approvals(&manifest.run_id).await.expect("list");
+    assert!(
+        listed
+            .iter()
+            .any(|a| a.approval_id == second.approval_id && a.task_index == 11),
+        "{listed:?}"
+    );
+    let run = registry.lock(&paths).await.expect("lock");
     registry
         .record_extension(&run, &manifest.run_id, "op", "outage", 2)
         .await

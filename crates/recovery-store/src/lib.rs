@@ -1484,13 +1484,16 @@ impl Store {
         .await?)
     }
 
-    /// A revoked approval of a run recorded again as `approval` says (its journal holds its id
-    /// again); `false` when the run has no revoked approval of that id.
+    /// A run's approval recorded again as `approval` (its journal's first line of that id) says,
+    /// when no attempt used it and the record differs: revoked (the id is in the journal again)
+    /// or holding other fields (the line was edited in place). `false` when nothing changed.
     pub async fn restore_approval(&self, approval: &Approval) -> Result<bool, StoreError> {
         let result = sqlx::query(
             "UPDATE approvals SET at = $1, by_actor = $2, reason = $3, task_index = $4, rollout_index = $5, \
-             attempt_index = $6, consumed_by_attempt = NULL, revoked_at = NULL \
-             WHERE run_id = $7 AND approval_id = $8 AND revoked_at IS NOT NULL",
+             attempt_index = $6, revoked_at = NULL \
+             WHERE run_id = $7 AND approval_id = $8 AND consumed_by_attempt IS NULL \
+             AND (revoked_at IS NOT NULL OR at <> $1 OR by_actor <> $2 OR reason <> $3 OR task_index <> $4 \
+             OR rollout_index <> $5 OR attempt_index <> $6)",
         )
         .bind(&approval.at)
         .bind(&approval.by)

@@ -1049,6 +1049,31 @@ async fn approvals_extensions_resubmits_and_rejudgments_keep_their_rules() {
             (1, None, None),
             "another run's approval of the same id is untouched"
         );
+        // Recorded again as its journal line says: revoked, or other fields; never once used.
+        let mut edited = approval("a2", 5);
+        edited.reason = "written again".into();
+        assert!(store.restore_approval(&edited).await.expect("restore"));
+        assert!(
+            !store.restore_approval(&edited).await.expect("restore"),
+            "nothing differs now"
+        );
+        assert!(
+            !store
+                .restore_approval(&approval("a1", 7))
+                .await
+                .expect("restore"),
+            "a used approval stays as it was used"
+        );
+        let list = store.list_approvals("r1").await.expect("list");
+        assert_eq!(
+            (
+                list[1].revoked_at.as_deref(),
+                list[1].attempt_index,
+                list[1].reason.as_str(),
+                list[0].attempt_index
+            ),
+            (None, 5, "written again", 1)
+        );
 
         let extension = AttemptExtension {
             event_id: "x1".into(),
