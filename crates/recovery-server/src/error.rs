@@ -216,20 +216,9 @@ impl IntoResponse for ApiError {
         metrics::counter!("rollout_recovery_errors_total", "code" => code).increment(1);
         let retry_after = (self.code == ErrorCode::Overloaded)
             .then_some([(axum::http::header::RETRY_AFTER, "1")]);
-        // Refused before its body was read (the caller, its role, or a Content-Length over the
-        // limit): the connection is not kept, and the client is told so. Without the header,
-        // the HTTP library closed it anyway, and a client that sent its next request on it
-        // lost that request ("server disconnected without sending a response": the Python
-        // client's role test, in CI).
-        let close = matches!(
-            self.code,
-            ErrorCode::Unauthenticated | ErrorCode::Forbidden | ErrorCode::PayloadTooLarge
-        )
-        .then_some([(axum::http::header::CONNECTION, "close")]);
         (
             status,
             retry_after,
-            close,
             Json(ApiErrorBody {
                 code: self.code,
                 message: self.message,

@@ -8,6 +8,7 @@
 
 pub mod api_doc;
 pub mod config;
+mod connection;
 pub mod error;
 pub mod limits;
 pub mod routes;
@@ -310,6 +311,9 @@ pub fn app(state: AppState) -> Router {
         // Outermost: plain-text answers of the layers above come out in the error shape.
         .layer(middleware::map_response(error::in_error_shape))
         .layer(middleware::from_fn(error::refuse_oversized_head))
+        // Outermost: every answer, the refusals above included, says whether the connection
+        // is kept (see `connection`).
+        .layer(middleware::from_fn(connection::close_unless_body_read))
         .with_state(state)
 }
 

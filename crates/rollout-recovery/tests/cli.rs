@@ -150,52 +150,68 @@ async fn create_run(
     created["run_id"].as_str().expect("run id").to_owned()
 }
 
-/// A request refused before its body is read (its caller's role, here) is answered with
-/// `Connection: close`, so a client never sends its next request on a connection the service
-/// drops: the Python client lost a request that way ("server disconnected without sending a
-/// response"). One pooled client alternates such refusals with ordinary calls.
+/// An answer given before the request's body was read (its caller's role, an unknown path or
+/// method, a refused query) says `Connection: close`, so a client never sends its next request
+/// on a connection the service drops: the Python client lost a request that way ("server
+/// disconnected without sending a response"; hostile review 42 for 404, 405 and 422). An
+/// answer to a body read to its end keeps the connection. One pooled client alternates them.
 #[tokio::test]
-async fn a_refusal_before_the_body_is_read_closes_its_connection_and_the_next_call_is_answered() {
+async fn an_answer_before_the_body_is_read_closes_its_connection_and_the_next_call_is_answered() {
     let dir = tempfile::tempdir().expect("dir");
     let (data, root, _) = prepare(dir.path());
     let server = Server::start(&data, &root);
     let client = reqwest::Client::new();
     let root = std::fs::canonicalize(&root).expect("root");
     let run_id = create_run(&client, &server, &root, &root.join("exp/out.jsonl")).await;
-    let padding = "x".repeat(256 * 1024);
-    for round in 0..20 {
-        let refused = client
-            .post(format!("{}/runs/{run_id}/validate", server.url))
-            .bearer_auth(VIEWER)
-            .json(
-                &json!({"config": config(0.3), "global_config": global(8000), "padding": padding}),
-            )
+    let padding = "x".repeat(512 * 1024);
+    let big = json!({"config": config(0.3), "global_config": global(8000), "padding": padding});
+    let refusals = [
+        (format!("/runs/{run_id}/validate"), VIEWER, 403),
+        ("/no/such/route".to_owned(), COLLECTOR, 404),
+        ("/healthz".to_owned(), COLLECTOR, 405),
+        ("/runs?bogus=1".to_owned(), COLLECTOR, 422),
+    ];
+    for round in 0..5 {
+        for (path, token, status) in &refusals {
+            let refused = client
+                .post(format!("{}{path}", server.url))
+                .bearer_auth(token)
+                .json(&big)
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("round {round} {path}: the refusal was lost: {e}"));
+            assert_eq!(refused.status().as_u16(), *status, "round {round} {path}");
+            assert_eq!(
+                refused
+                    .headers()
+                    .get(reqwest::header::CONNECTION)
+                    .and_then(|v| v.to_str().ok()),
+                Some("close"),
+                "round {round} {path}"
+            );
+            let next = client
+                .post(format!("{}/runs/{run_id}/lease", server.url))
+                .bearer_auth(VIEWER)
+                .json(&json!({"holder": "v", "host": "h", "pid": 1}))
+                .send()
+                .await
+                .unwrap_or_else(|e| panic!("round {round} {path}: the next call was lost: {e}"));
+            assert_eq!(next.status().as_u16(), 403, "round {round} {path}");
+        }
+        // A body read to its end keeps the connection.
+        let answered = client
+            .post(format!("{}/runs/{run_id}/outcomes/check", server.url))
+            .bearer_auth(COLLECTOR)
+            .json(&json!({"line": "[1]"}))
             .send()
             .await
-            .unwrap_or_else(|e| panic!("round {round}: the refusal was lost: {e}"));
-        assert_eq!(refused.status().as_u16(), 403, "round {round}");
+            .unwrap_or_else(|e| panic!("round {round}: the check was lost: {e}"));
+        assert_eq!(answered.status().as_u16(), 422, "round {round}");
         assert_eq!(
-            refused
-                .headers()
-                .get(reqwest::header::CONNECTION)
-                .and_then(|v| v.to_str().ok()),
-            Some("close"),
+            answered.headers().get(reqwest::header::CONNECTION),
+            None,
             "round {round}"
         );
-        let next = client
-            .post(format!("{}/runs/{run_id}/lease", server.url))
-            .bearer_auth(VIEWER)
-            .json(&json!({"holder": "v", "host": "h", "pid": 1}))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: the next call was lost: {e}"));
-        assert_eq!(next.status().as_u16(), 403, "round {round}");
-        let health = client
-            .get(format!("{}/healthz", server.url))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("round {round}: the health check was lost: {e}"));
-        assert_eq!(health.status().as_u16(), 200, "round {round}");
     }
 }
 
