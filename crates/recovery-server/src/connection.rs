@@ -20,15 +20,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
-/// The outermost layer: tracks whether the request body reached its end.
-pub async fn close_unless_body_read(request: Request, next: Next) -> Response {
+/// The outermost layer: refuses a head larger than the service reads
+/// ([`crate::error::oversized_head`]), and tracks whether the request body reached its end.
+/// (One layer for both: each `from_fn` layer costs every request a few microseconds.)
+pub async fn outermost(request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let read = Arc::new(AtomicBool::new(http_body::Body::is_end_stream(&body)));
     let body = Body::new(Tracked {
         inner: body,
         read: read.clone(),
     });
-    let mut response = next.run(Request::from_parts(parts, body)).await;
+    let request = Request::from_parts(parts, body);
+    let mut response = match crate::error::oversized_head(&request) {
+        Some(refused) => refused,
+        None => next.run(request).await,
+    };
     if !read.load(Ordering::Acquire) {
         response
             .headers_mut()

@@ -1040,22 +1040,19 @@ pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// Refuses a request head larger than the service reads, in the error shape, before any
 /// extractor sees it. (Beyond the HTTP library's own limits, a target over 64 KiB or more than
 /// 100 headers, the library answers 414 or 431 itself, without a body.)
-pub async fn refuse_oversized_head(
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+pub fn oversized_head(request: &axum::extract::Request) -> Option<Response> {
     let target = request
         .uri()
         .path_and_query()
         .map_or(0, |p| p.as_str().len());
     if target > MAX_URI_BYTES {
-        return ApiError::new(
+        return Some(ApiError::new(
             ErrorCode::UriTooLong,
             format!(
                 "the request target is {target} bytes; the service reads at most {MAX_URI_BYTES}"
             ),
         )
-        .into_response();
+        .into_response());
     }
     let headers: usize = request
         .headers()
@@ -1063,13 +1060,13 @@ pub async fn refuse_oversized_head(
         .map(|(name, value)| name.as_str().len() + value.len())
         .sum();
     if headers > MAX_HEADER_BYTES {
-        return ApiError::new(
+        return Some(ApiError::new(
             ErrorCode::HeadersTooLarge,
             format!("the request headers are {headers} bytes; the service reads at most {MAX_HEADER_BYTES}"),
         )
-        .into_response();
+        .into_response());
     }
-    next.run(request).await
+    None
 }
 
 /// Unknown routes answer in the API error shape.

@@ -310,10 +310,9 @@ pub fn app(state: AppState) -> Router {
         ))
         // Outermost: plain-text answers of the layers above come out in the error shape.
         .layer(middleware::map_response(error::in_error_shape))
-        .layer(middleware::from_fn(error::refuse_oversized_head))
-        // Outermost: every answer, the refusals above included, says whether the connection
-        // is kept (see `connection`).
-        .layer(middleware::from_fn(connection::close_unless_body_read))
+        // Outermost: an oversized head is refused, and every answer, the refusals above
+        // included, says whether the connection is kept (see `connection`).
+        .layer(middleware::from_fn(connection::outermost))
         .with_state(state)
 }
 
