@@ -1320,8 +1320,8 @@ async fn leases_guard_a_run_and_operators_take_it_over() {
     assert_eq!(bad_ttl.status, StatusCode::UNPROCESSABLE_ENTITY);
 }
 
-/// Reserves attempts, saves a masked result that kept an answer, and returns (run, lease).
-async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
+/// Creates a run, leases it and reserves attempt 0 of both its rollouts: (run, lease).
+async fn run_with_reserved_attempts(app: &TestApp) -> (String, String) {
     let run_id = app.create().await;
     let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]
         .as_str()
@@ -1341,6 +1341,12 @@ async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
         "{}",
         reserved.body
     );
+    (run_id, lease)
+}
+
+/// Reserves attempts, saves a masked result that kept an answer, and returns (run, lease).
+async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
+    let (run_id, lease) = run_with_reserved_attempts(app).await;
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
     let results = [
         json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "_ng_attempt_index": 0, "_ng_run_id": run_id, "reward": 1.0, "response": {"output": [{}], "status": "completed"}}),
@@ -1359,20 +1365,7 @@ async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
 #[tokio::test]
 async fn an_outcome_line_is_checked_by_the_rules_the_plan_reads_saved_lines_with() {
     let app = TestApp::new().await;
-    let run_id = app.create().await;
-    let lease = app.lease(&run_id, "collector-a").await.body["lease_id"]
-        .as_str()
-        .expect("lease")
-        .to_owned();
-    let reserved = app
-        .call(
-            Method::POST,
-            &format!("/runs/{run_id}/attempts/reserve"),
-            Some(COLLECTOR),
-            Some(json!({"lease_id": lease, "rollout_ids": ["0-0", "1-0"]})),
-        )
-        .await;
-    assert_eq!(reserved.status, StatusCode::OK, "{}", reserved.body);
+    let (run_id, _) = run_with_reserved_attempts(&app).await;
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
     let result = |task: i64, attempt: Value, reward: f64| json!({"_ng_task_index": task, "_ng_rollout_index": 0, "_ng_attempt_index": attempt, "_ng_run_id": run_id, "reward": reward, "response": {"output": [{"type": "message"}], "status": "completed"}});
     let saved = result(0, json!(0), 1.0).to_string();
