@@ -276,6 +276,26 @@ impl AppState {
         }
     }
 
+    /// Works over the run's plan on a heavy-work thread ([`HeavyWork::run`]: queued, or 503
+    /// when saturated), the run's files held still meanwhile ([`Self::run_on_disk`]). A build
+    /// that started finishes: it fills the run's index for the next caller.
+    pub async fn with_plan<T: Send + 'static>(
+        &self,
+        run_id: &str,
+        work: impl FnOnce(&recovery_runs::plans::RunPlan<'_>) -> T + Send + 'static,
+    ) -> ApiResult<T> {
+        let reading = self.run_on_disk(run_id).await?;
+        let cap = self.config.default_max_attempts;
+        let caches = self.registry.caches().clone();
+        self.plans
+            .run(move |_| {
+                let answer = caches.plans.with_plan(&reading.paths, cap, work)?;
+                drop(reading);
+                Ok(answer)
+            })
+            .await
+    }
+
     /// A run's record and its critical section (see `recovery_runs::runlock`), refused when the
     /// files show its output belongs to another run now.
     pub async fn locked_run(&self, run_id: &str) -> ApiResult<(RunRecord, LockedRun)> {

@@ -285,18 +285,9 @@ pub async fn check_outcome(
     _: CollectorCaller,
     ApiJson(request): ApiJson<CheckOutcomeRequest>,
 ) -> ApiResult<Json<OutcomeCheck>> {
-    let reading = state.run_on_disk(&run_id).await?;
-    let paths = reading.paths.clone();
-    let cap = state.config.default_max_attempts;
-    let caches = state.registry.caches().clone();
     let checked = state
-        .plans
-        .run(move |_| {
-            // The files stay as they are until the line is checked.
-            let _reading = reading;
-            Ok(caches.plans.with_plan(&paths, cap, |plan| {
-                plan.check_outcome(request.line.as_bytes())
-            })?)
+        .with_plan(&run_id, move |plan| {
+            plan.check_outcome(request.line.as_bytes())
         })
         .await?;
     checked.map(Json).map_err(|refusal| {

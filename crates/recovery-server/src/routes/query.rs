@@ -606,37 +606,26 @@ pub async fn plan(
             ApiError::invalid_field("cursor", "cursor: not a cursor this service issued")
         })?),
     };
-    let reading = state.run_on_disk(&run_id).await?;
-    let paths = reading.paths.clone();
-    let cap = state.config.default_max_attempts;
-    let caches = state.registry.caches().clone();
     let filter = params.state;
     state
-        .plans
-        // A build that started finishes: it fills the run's index for the next caller.
-        .run(move |_| {
-            // The files stay as they are until the plan is read.
-            let _reading = reading;
-            let response = caches.plans.with_plan(&paths, cap, |plan| {
-                let view = plan.view();
-                let summary = plan.summary();
-                let (positions, more) = summary.positions(filter, after, limit);
-                let next_cursor = more
-                    .then(|| positions.last().map(|p| p.to_string()))
-                    .flatten();
-                PlanResponse {
-                    entries: positions.into_iter().map(|p| view.entry(p)).collect(),
-                    next_cursor,
-                    completion: PlanCompletion::of(&summary.state_counts),
-                    run_id: summary.run_id,
-                    cap: summary.cap,
-                    state_counts: summary.state_counts,
-                    coverage: summary.coverage,
-                    budget_message: summary.budget_message,
-                    warnings: summary.warnings,
-                }
-            })?;
-            SerializedJson::of(&response)
+        .with_plan(&run_id, move |plan| {
+            let view = plan.view();
+            let summary = plan.summary();
+            let (positions, more) = summary.positions(filter, after, limit);
+            let next_cursor = more
+                .then(|| positions.last().map(|p| p.to_string()))
+                .flatten();
+            SerializedJson::of(&PlanResponse {
+                entries: positions.into_iter().map(|p| view.entry(p)).collect(),
+                next_cursor,
+                completion: PlanCompletion::of(&summary.state_counts),
+                run_id: summary.run_id,
+                cap: summary.cap,
+                state_counts: summary.state_counts,
+                coverage: summary.coverage,
+                budget_message: summary.budget_message,
+                warnings: summary.warnings,
+            })
         })
-        .await
+        .await?
 }
