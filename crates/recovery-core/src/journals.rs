@@ -107,33 +107,67 @@ impl ApprovalLine {
     }
 }
 
+/// An approvals journal as every reader reads it (the plan, reindex; revocation removes the
+/// lines of an id by [`ApprovalLine::parse`] too), so the plan honours exactly the approvals
+/// the service lists and revokes (hostile reviews 39-41: readers that differed reopened masked
+/// answers the list never showed).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApprovalJournal {
+    /// The approvals in file order: of each id, its first whole line ([`ApprovalLine::parse`]).
+    pub approvals: Vec<ApprovalLine>,
+    /// Lines that approve nothing: (1-based line number, why). Blank lines are not among them.
+    pub unreadable: Vec<(u64, String)>,
+}
+
+impl ApprovalJournal {
+    /// Reads the journal's newline-terminated lines (each without its `\n`; an unterminated
+    /// last line may be a write in progress, and is no line yet).
+    pub fn of_lines<'a>(lines: impl IntoIterator<Item = &'a [u8]>) -> Self {
+        let mut journal = Self::default();
+        let mut ids = std::collections::HashSet::new();
+        for (number, line) in (1u64..).zip(lines) {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match ApprovalLine::parse(line) {
+                Ok(approval) if !ids.insert(approval.approval_id.clone()) => {
+                    journal.unreadable.push((
+                        number,
+                        format!(
+                            "approval_id {:?} is an earlier line's: this one approves nothing",
+                            approval.approval_id
+                        ),
+                    ));
+                }
+                Ok(approval) => journal.approvals.push(approval),
+                Err(why) => journal.unreadable.push((number, why)),
+            }
+        }
+        journal
+    }
+}
+
 /// `load_rerun_masked_approvals`: (task index, rollout index, attempt index) of every approval
-/// in `<stem>_rerun_masked.jsonl`, read as the service lists, revokes and reindexes them (a
-/// hand-written line that one honoured and another ignored reopened masked answers that the
-/// approvals list never showed: hostile reviews 39 and 40). A line approves only when it is
-/// - ended by `\n` (an unterminated last line may be a write in progress),
-/// - a whole approval ([`ApprovalLine::parse`]),
-/// - the first line with its `approval_id` (a later line reusing an id approves nothing).
+/// in `<stem>_rerun_masked.jsonl` ([`ApprovalJournal`]); a read error ends the journal there.
 pub fn rerun_masked_approvals(reader: impl Read) -> BTreeSet<ApprovalTriple> {
-    let mut approvals = BTreeSet::new();
-    let mut ids = std::collections::HashSet::new();
-    let mut lines = BufReader::new(reader);
-    let mut line = Vec::new();
+    let mut lines = Vec::new();
+    let mut reader = BufReader::new(reader);
     loop {
-        line.clear();
-        match lines.read_until(b'\n', &mut line) {
-            Ok(0) | Err(_) => return approvals,
+        let mut line = Vec::new();
+        match reader.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        let Some(whole) = line.strip_suffix(b"\n") else {
-            return approvals;
-        };
-        if let Ok(approval) = ApprovalLine::parse(whole)
-            && ids.insert(approval.approval_id.clone())
-        {
-            approvals.insert(approval.triple());
+        if line.pop() != Some(b'\n') {
+            break;
         }
+        lines.push(line);
     }
+    ApprovalJournal::of_lines(lines.iter().map(Vec::as_slice))
+        .approvals
+        .iter()
+        .map(ApprovalLine::triple)
+        .collect()
 }
 
 /// `load_resubmit_offset`: the failures-sidecar line count at the last resubmit (the last line

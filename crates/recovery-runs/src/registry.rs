@@ -17,6 +17,7 @@ use crate::events::{
 use crate::groupcommit::GroupJournals;
 use crate::leases::Leases;
 use crate::runlock::{LockedRun, RowsGuard, RunLockError, RunLocks, RunSection, SharedRun};
+use recovery_core::journals::ApprovalJournal;
 use recovery_core::manifest::RunManifest;
 use recovery_sidecar::atomic::AtomicJsonError;
 use recovery_sidecar::{
@@ -1075,42 +1076,31 @@ impl Registry {
         .await?;
         let approvals_readable = !problems.iter().any(|(path, _)| *path == approvals_path);
         report.unreadable.extend(problems);
-        let mut journalled = std::collections::HashSet::new();
+        let journal = ApprovalJournal::of_lines(approvals.iter().map(Vec::as_slice));
+        report.unreadable.extend(
+            journal
+                .unreadable
+                .into_iter()
+                .map(|(number, why)| (format!("{}:{number}", paths.rerun_masked.display()), why)),
+        );
+        let journalled: std::collections::HashSet<String> = journal
+            .approvals
+            .iter()
+            .map(|a| a.approval_id.clone())
+            .collect();
         let mut inserted = Vec::new();
-        for (number, line) in approvals.iter().enumerate() {
-            if line.iter().all(u8::is_ascii_whitespace) {
-                // A blank line is no approval, and no problem to report (hostile review 41).
-                continue;
-            }
-            match ApprovalLine::parse(line) {
-                // A later line reusing an id approves nothing (the plan reads the first).
-                Ok(line) if journalled.contains(&line.approval_id) => report.unreadable.push((
-                    format!("{}:{}", paths.rerun_masked.display(), number + 1),
-                    format!(
-                        "approval_id {:?} is an earlier line's: this one approves nothing",
-                        line.approval_id
-                    ),
-                )),
-                Ok(line) => {
-                    journalled.insert(line.approval_id.clone());
-                    let record = approval_record(&run_id, line);
-                    if self.store.insert_approval(&record).await? {
-                        report.approvals_inserted += 1;
-                        inserted.push(record);
-                    } else if self.store.restore_approval(&record).await? {
-                        // Revoked and in the journal again, or its line edited: the plan
-                        // honours the line, so the list shows what it honours and a revocation
-                        // can take it away (hostile reviews 41 and 42: it approved while listed
-                        // as revoked, or listed as another line said).
-                        report.approvals_restored += 1;
-                        inserted.push(record);
-                    }
-                }
-                // An unreadable approval approves nothing.
-                Err(e) => report.unreadable.push((
-                    format!("{}:{}", paths.rerun_masked.display(), number + 1),
-                    e.to_string(),
-                )),
+        for line in journal.approvals {
+            let record = approval_record(&run_id, line);
+            if self.store.insert_approval(&record).await? {
+                report.approvals_inserted += 1;
+                inserted.push(record);
+            } else if self.store.restore_approval(&record).await? {
+                // Revoked and in the journal again, or its line edited: the plan honours the
+                // line, so the list shows what it honours and a revocation can take it away
+                // (hostile reviews 41 and 42: it approved while listed as revoked, or listed
+                // as another line said).
+                report.approvals_restored += 1;
+                inserted.push(record);
             }
         }
         if approvals_readable {
