@@ -312,7 +312,10 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::map_response(error::in_error_shape))
         // Outermost: an oversized head is refused, and every answer, the refusals above
         // included, says whether the connection is kept (see `connection`).
-        .layer(middleware::from_fn(connection::outermost))
+        .layer(middleware::from_fn_with_state(
+            limit.saturating_mul(2),
+            connection::outermost,
+        ))
         .with_state(state)
 }
 

@@ -215,6 +215,57 @@ async fn an_answer_before_the_body_is_read_closes_its_connection_and_the_next_ca
     }
 }
 
+/// A client that writes its whole body before it reads the answer (Python's `urllib` and
+/// `http.client` do) is told why it was refused: the service reads the rest of a body it
+/// answered early and throws it away before it closes the connection (up to twice the body
+/// limit), so the client's writes are never reset. (`urllib` reported a broken pipe instead of
+/// every 401 and 403 to a body of 4 MB or more.)
+#[test]
+fn a_client_that_writes_its_whole_body_first_reads_the_refusal() {
+    use std::io::{Read as _, Write as _};
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let log = dir.path().join("serve.log");
+    let server = Server::start_with(&data, &root, None, &[("RR_BODY_LIMIT_MB", "4")], &log);
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let mb = 1024 * 1024;
+    let cases = [
+        ("/runs/r/validate", "not-a-known-token-0123", 6 * mb, "401"),
+        ("/runs/r/validate", VIEWER, 3 * mb, "403"),
+        ("/no/such/route", COLLECTOR, 3 * mb, "404"),
+        ("/runs/r/validate", COLLECTOR, 7 * mb, "413"),
+    ];
+    for round in 0..3 {
+        for (path, token, size, status) in cases {
+            let mut stream = std::net::TcpStream::connect(&address).expect("connect");
+            stream
+                .set_read_timeout(Some(Duration::from_secs(60)))
+                .expect("timeout");
+            let head = format!(
+                "POST {path} HTTP/1.1\r\nhost: {address}\r\nauthorization: Bearer {token}\r\n\
+                 content-type: application/json\r\ncontent-length: {size}\r\n\r\n"
+            );
+            stream.write_all(head.as_bytes()).expect("head");
+            stream
+                .write_all(&vec![b' '; size])
+                .unwrap_or_else(|e| panic!("round {round} {path} {status}: writing the body: {e}"));
+            let mut answer = Vec::new();
+            stream
+                .read_to_end(&mut answer)
+                .unwrap_or_else(|e| panic!("round {round} {path} {status}: reading: {e}"));
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status} ")),
+                "round {round} {path}: {answer}"
+            );
+            assert!(
+                answer.to_ascii_lowercase().contains("connection: close"),
+                "{answer}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_run_end_to_end_over_a_real_socket() {
     let dir = tempfile::tempdir().expect("dir");

@@ -72,7 +72,7 @@ fn seed() -> u64 {
 impl Server {
     /// Starts `serve` on `port` (a free one when `None`) with extra environment, its stderr
     /// appended to `log`; returns once it accepts connections, and fails at once when it exits.
-    fn start_with(
+    pub(super) fn start_with(
         data: &Path,
         root: &Path,
         port: Option<u16>,
