@@ -9,7 +9,9 @@
 //! show to belong to another run is never acted on ([`Registry::check_owner`]).
 
 use crate::cache::{MaterializedFacts, RunCaches};
-use crate::registry::{Registry, RegistryError, unix_to_text};
+use crate::registry::{
+    Registry, RegistryError, approval_record, journalled_approvals, unix_to_text,
+};
 use crate::runfiles::{self, RunFilesError};
 use crate::runlock::{LockedRun, SharedRun};
 use recovery_core::canonical::sha256_reader;
@@ -714,8 +716,11 @@ impl Registry {
 
     /// The run's approvals, each used one with the attempt that used it as the run's files
     /// tell (an attempt reserved after the approved one), also when the database did not see
-    /// that reservation (a Python collector's). Read-only; a run whose files cannot be planned
-    /// is listed as the database has it.
+    /// that reservation (a Python collector's). An approval the journal holds as the database
+    /// does not (a line a Python collector or an operator wrote, a revoked id written again, a
+    /// line edited) is listed as the journal says, as the plan honours it: the database learns
+    /// it at the next reindex or revocation. Read-only; a run whose files cannot be planned is
+    /// listed as the database has it.
     pub async fn approvals(
         &self,
         paths: &SidecarPaths,
@@ -723,6 +728,17 @@ impl Registry {
         default_cap: u64,
     ) -> Result<Vec<Approval>, OpError> {
         let mut approvals = self.store().list_approvals(run_id).await?;
+        for line in journalled_approvals(paths).await.unwrap_or_default() {
+            let journalled = approval_record(run_id, line);
+            match approvals
+                .iter_mut()
+                .find(|a| a.approval_id == journalled.approval_id)
+            {
+                Some(used) if used.consumed_by_attempt.is_some() => {}
+                Some(recorded) => *recorded = journalled,
+                None => approvals.push(journalled),
+            }
+        }
         let open: Vec<(usize, (i64, i64, i64))> = approvals
             .iter()
             .enumerate()
@@ -752,6 +768,17 @@ impl Registry {
         approval_id: &str,
         default_cap: u64,
     ) -> Result<(), OpError> {
+        // An approval only the journal holds (as it holds it) is recorded first, as a reindex
+        // would: the plan honours it, so it can be revoked.
+        if let Some(line) = journalled_approvals(run.paths())
+            .await
+            .and_then(|lines| lines.into_iter().find(|l| l.approval_id == approval_id))
+        {
+            let journalled = approval_record(run_id, line);
+            if !self.store().insert_approval(&journalled).await? {
+                self.store().restore_approval(&journalled).await?;
+            }
+        }
         let approvals = self.store().list_approvals(run_id).await?;
         let approval = approvals
             .iter()

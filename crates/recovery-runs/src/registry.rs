@@ -1466,7 +1466,20 @@ fn drift_event(id: String, line: DriftLine) -> DriftEvent {
     }
 }
 
-fn approval_record(run_id: &str, line: ApprovalLine) -> Approval {
+/// The approvals the run's journal holds now, as the plan reads them; `None` when the journal
+/// cannot be read (the database's list is all there is to show).
+pub(crate) async fn journalled_approvals(paths: &SidecarPaths) -> Option<Vec<ApprovalLine>> {
+    let path = paths.rerun_masked.clone();
+    let lines = blocking(move || {
+        read_lines_from(&path, 0).map_err(io(format!("reading {}", path.display())))
+    })
+    .await
+    .ok()?;
+    let journal = ApprovalJournal::of_lines(lines.iter().map(|(_, line)| line.as_slice()));
+    Some(journal.approvals)
+}
+
+pub(crate) fn approval_record(run_id: &str, line: ApprovalLine) -> Approval {
     Approval {
         approval_id: line.approval_id,
         run_id: run_id.to_owned(),

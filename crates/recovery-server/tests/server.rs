@@ -1955,6 +1955,73 @@ async fn approvals_need_an_operator_and_an_eligible_attempt() {
     );
 }
 
+/// An approval line written beside the run (by a Python collector or an operator's script) is
+/// honoured by the plan at once, so it is listed at once and can be revoked, before any
+/// reindex told the database (left open by hostile review 40: listed only after a reindex, and
+/// a revocation answered 404). Operators revoking it at once: one revocation, the others 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_line_written_beside_the_run_is_listed_and_revocable_at_once() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let line = json!({"approval_id": "python-1", "at": "2026-12-05T12:00:00Z", "by": "op", "reason": "lost artifact", "task_index": 1, "rollout_index": 0, "attempt_index": 0});
+    std::fs::write(&paths.rerun_masked, format!("{line}\n")).expect("journal");
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert!(
+        plan.body.to_string().contains("approved_rerun"),
+        "the plan honours the line: {}",
+        plan.body
+    );
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.status, StatusCode::OK, "{}", listed.body);
+    let listed = listed.body.as_array().expect("list").clone();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (
+            listed[0]["approval_id"].as_str(),
+            listed[0]["task_index"].as_i64(),
+            listed[0]["revoked_at"].is_null(),
+            listed[0]["consumed_by_attempt"].is_null()
+        ),
+        (Some("python-1"), Some(1), true, true),
+        "{listed:?}"
+    );
+    let revokes: Vec<_> = (0..4)
+        .map(|_| {
+            let (state, path) = (app.state.clone(), format!("{uri}/python-1"));
+            tokio::spawn(
+                async move { send(state, Method::DELETE, &path, Some(OPERATOR), None).await },
+            )
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for revoke in revokes {
+        statuses.push(revoke.await.expect("revoke").status);
+    }
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::NO_CONTENT,
+            StatusCode::CONFLICT,
+            StatusCode::CONFLICT,
+            StatusCode::CONFLICT
+        ]
+    );
+    let journal = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
+    assert!(!journal.contains("python-1"), "{journal}");
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert!(listed.body[0]["revoked_at"].is_string(), "{}", listed.body);
+}
+
 /// Whether an approval was used is read from the run's files: an attempt reserved after the
 /// approved one. A database that did not see the reservation (rebuilt from the files, or the
 /// attempt reserved by a Python collector) neither lists the approval as unused nor lets it be
