@@ -17,6 +17,7 @@ pub mod ui;
 
 use api_doc::{CommonResponses, Links};
 use axum::Router;
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -27,7 +28,7 @@ use recovery_sidecar::Confinement;
 use recovery_store::Store;
 use state::AppState;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use utoipa::OpenApi;
@@ -502,9 +503,7 @@ pub async fn serve(
             }
         }
     });
-    let result = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(shutdown)
-        .await;
+    let result = serve_connections(listener, app(state.clone()), shutdown, &state.config).await;
     sweeper.abort();
     // Live leases are kept: their locks are released with this process and taken again by the
     // next start (a restart is invisible to their collectors); a lease whose collector is gone
@@ -518,6 +517,82 @@ pub async fn serve(
     }
     state.registry.store().close().await;
     result
+}
+
+/// A client has this long to send a request's head (the request line and headers) once it
+/// starts, or once a connection it keeps is idle: a connection that sends a head slowly (or
+/// half of one, and stops) is closed, and an idle kept connection closes after it.
+pub const HEAD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Accepts connections until `shutdown` resolves, then lets the open ones finish: each answers
+/// what it is answering and closes. Those still open after the longest a request may run (the
+/// request timeout, and the time an unread body is read on: [`connection::LINGER`]) are
+/// dropped, so one client (a head half sent, a body trickling in) never keeps a stopping service
+/// and its leases' locks alive (hostile review 43: a stop waited 200 s on a half-sent head).
+/// (`axum::serve` does the same without the two bounds.)
+async fn serve_connections(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    config: &ServerConfig,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    accept_failed(e).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service =
+            hyper_util::service::TowerToHyperService::new(tower::ServiceExt::map_request(
+                app.clone(),
+                |request: Request<hyper::body::Incoming>| request.map(Body::new),
+            ));
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEAD_TIMEOUT)
+            .serve_connection(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let grace = config.request_timeout + connection::LINGER;
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_secs = grace.as_secs(),
+            "connections still open when stopping; closed without their answers"
+        );
+    }
+    Ok(())
+}
+
+/// After a failed `accept`: a connection that went away before it was accepted is nothing;
+/// anything else (no file descriptors left) is logged and waited out a moment, as
+/// `axum::serve` does, instead of spinning.
+async fn accept_failed(e: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        e.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!(error = %e, "accepting a connection failed");
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 /// When this process started (the first call is made at start-up): temporaries older than this

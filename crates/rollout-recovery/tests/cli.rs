@@ -266,6 +266,67 @@ fn a_client_that_writes_its_whole_body_first_reads_the_refusal() {
     }
 }
 
+/// A stopping service waits for the requests it is answering, but not forever on a client:
+/// connections that sent half a request head, or a body that stopped coming, are dropped once
+/// the longest a request may run has passed (the request timeout, then the time an unread
+/// body is read on), and the service exits (hostile review 43: a stop waited 200 s on a
+/// half-sent head, holding every lease's lock).
+#[test]
+fn a_stop_is_not_held_up_by_clients_that_stopped_sending() {
+    use std::io::Write as _;
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let log = dir.path().join("serve.log");
+    let mut server = Server::start_with(
+        &data,
+        &root,
+        None,
+        &[("RR_REQUEST_TIMEOUT_SECS", "1")],
+        &log,
+    );
+    let address = server.url.trim_start_matches("http://").to_owned();
+    let mut half_head = std::net::TcpStream::connect(&address).expect("connect");
+    half_head
+        .write_all(b"POST /runs HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-le")
+        .expect("half a head");
+    let mut stalled_body = std::net::TcpStream::connect(&address).expect("connect");
+    stalled_body
+        .write_all(
+            format!("POST /runs HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {COLLECTOR}\r\ncontent-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"output")
+                .as_bytes(),
+        )
+        .expect("part of a body");
+    // Connections are accepted in order: once a later one is answered, both were accepted.
+    let mut probe = std::net::TcpStream::connect(&address).expect("connect");
+    probe
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n")
+        .expect("probe");
+    let mut answer = String::new();
+    std::io::Read::read_to_string(&mut probe, &mut answer).expect("probe answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let pid = libc::pid_t::try_from(server.child.id()).expect("pid");
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    // The bound is the request timeout (1 s) and the linger (10 s); well before the 60 s a
+    // head may take, so the head timeout is not what ends the half-sent one.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("status") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service was still running 40 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status:?}");
+    drop((half_head, stalled_body));
+}
+
 #[tokio::test]
 async fn a_run_end_to_end_over_a_real_socket() {
     let dir = tempfile::tempdir().expect("dir");
