@@ -695,6 +695,7 @@ impl Registry {
                 details,
             });
         }
+        refuse_unterminated_approval(run.paths()).await?;
         let approval = self
             .record_approval(
                 run,
@@ -1575,6 +1576,31 @@ pub struct Decided {
     /// The current configuration digest, when it could be computed.
     pub current_digest: Option<String>,
     pub verdict: ResumeVerdict,
+}
+
+/// An approval is never appended after an unterminated line: the append would end that line
+/// (facts §11.1 `prepare_append`: a tail that is whole JSON gets its newline), and a line that
+/// approved nothing would approve, with nobody's approval recorded (hostile review 43), or it
+/// would remove it. The operator decides: end the line, or remove it. Nothing is written.
+async fn refuse_unterminated_approval(paths: &SidecarPaths) -> Result<(), OpError> {
+    let path = paths.rerun_masked.clone();
+    let tail = blocking(move || {
+        recovery_sidecar::unterminated_tail(&path).map_err(|source| {
+            OpError::Files(RunFilesError::Io {
+                context: format!("reading {}", path.display()),
+                source,
+            })
+        })
+    })
+    .await?;
+    if tail == 0 {
+        return Ok(());
+    }
+    Err(OpError::Files(RunFilesError::Inconsistent(format!(
+        "the approvals journal {} ends with an unterminated line ({tail} bytes) that approves nothing: \
+         end it with a newline to make it an approval, or remove it, then approve again",
+        paths.rerun_masked.display()
+    ))))
 }
 
 /// Decides a resume from the run's files and the request (blocking): the load-time checks of

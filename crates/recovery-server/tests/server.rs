@@ -2022,6 +2022,48 @@ async fn an_approval_line_written_beside_the_run_is_listed_and_revocable_at_once
     assert!(listed.body[0]["revoked_at"].is_string(), "{}", listed.body);
 }
 
+/// An approval is refused while the approvals journal ends with an unterminated line: the
+/// append would end that line, and a line that approved nothing would approve with nobody's
+/// approval recorded (hostile review 43). Nothing is written; once the line is ended by hand it
+/// is an approval the list shows.
+#[tokio::test]
+async fn an_approval_is_refused_while_the_journal_ends_with_an_unterminated_line() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let torn = json!({"approval_id": "torn-1", "at": "2026-12-05T12:00:00Z", "by": "op", "reason": "r", "task_index": 1, "rollout_index": 0, "attempt_index": 0}).to_string();
+    std::fs::write(&paths.rerun_masked, &torn).expect("journal");
+    let approve =
+        json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "lost artifact"});
+    let refused = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approve.clone()))
+        .await;
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("run_files_invalid")),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unterminated line")),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        std::fs::read_to_string(&paths.rerun_masked).expect("journal"),
+        torn,
+        "nothing written"
+    );
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.body, json!([]), "the torn line approves nothing");
+    std::fs::write(&paths.rerun_masked, format!("{torn}\n")).expect("ended by hand");
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(listed.body[0]["approval_id"], "torn-1", "{}", listed.body);
+}
+
 /// Whether an approval was used is read from the run's files: an attempt reserved after the
 /// approved one. A database that did not see the reservation (rebuilt from the files, or the
 /// attempt reserved by a Python collector) neither lists the approval as unused nor lets it be

@@ -81,19 +81,7 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
     if last[0] == b'\n' {
         return Ok(TailRepair::Clean);
     }
-    // Scan backwards in 1 MiB chunks for the last newline: each chunk is read once.
-    let mut start = end;
-    while start > 0 {
-        let size = start.min(1 << 20);
-        start -= size;
-        let mut chunk = vec![0u8; size as usize];
-        file.seek(SeekFrom::Start(start))?;
-        file.read_exact(&mut chunk)?;
-        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
-            start += at as u64 + 1;
-            break;
-        }
-    }
+    let start = tail_start(&mut file, end)?;
     let mut tail = vec![0u8; (end - start) as usize];
     file.seek(SeekFrom::Start(start))?;
     file.read_exact(&mut tail)?;
@@ -107,6 +95,36 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
     };
     file.sync_all()?;
     Ok(repair)
+}
+
+/// Where the bytes after a file's last newline start (`end` when it ends with one), scanning
+/// backwards in 1 MiB chunks: each chunk is read once.
+fn tail_start(file: &mut File, end: u64) -> std::io::Result<u64> {
+    let mut start = end;
+    while start > 0 {
+        let size = start.min(1 << 20);
+        start -= size;
+        let mut chunk = vec![0u8; size as usize];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut chunk)?;
+        if let Some(at) = chunk.iter().rposition(|&b| b == b'\n') {
+            return Ok(start + at as u64 + 1);
+        }
+    }
+    Ok(0)
+}
+
+/// How many bytes follow the journal's last newline (0 for a missing or empty file, or one
+/// that ends with a newline): an unterminated line, which [`prepare_append`] would end or
+/// remove at the next append.
+pub fn unterminated_tail(path: &Path) -> std::io::Result<u64> {
+    let mut file = match crate::files::open_regular(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let end = file.seek(SeekFrom::End(0))?;
+    Ok(end - tail_start(&mut file, end)?)
 }
 
 /// A non-JSON line-based journal's complete entry (a decimal integer, as the resubmit offset).

@@ -17,7 +17,7 @@ pub use files::{open_regular, open_regular_following, read_regular};
 pub use journal::{
     NotARegularFile, TailRepair, append_line, append_line_at, append_lines_at,
     is_not_a_regular_file, prepare_append, read_lines, read_lines_at, read_lines_batch,
-    read_lines_from,
+    read_lines_from, unterminated_tail,
 };
 pub use lock::{LockError, RunLock, flock_held_elsewhere};
 pub use paths::{Confinement, PathError, SidecarPaths};
