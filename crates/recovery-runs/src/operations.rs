@@ -735,7 +735,11 @@ impl Registry {
                 .iter_mut()
                 .find(|a| a.approval_id == journalled.approval_id)
             {
-                Some(used) if used.consumed_by_attempt.is_some() => {}
+                // Used for the attempt its line names; a used id whose line names another
+                // attempt now approves that one (the plan honours it), as a reindex records it.
+                Some(used)
+                    if used.consumed_by_attempt.is_some()
+                        && used.triple() == journalled.triple() => {}
                 Some(recorded) => *recorded = journalled,
                 None => approvals.push(journalled),
             }

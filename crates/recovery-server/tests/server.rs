@@ -2022,6 +2022,91 @@ async fn an_approval_line_written_beside_the_run_is_listed_and_revocable_at_once
     assert!(listed.body[0]["revoked_at"].is_string(), "{}", listed.body);
 }
 
+/// A used approval whose journal line is rewritten to name another attempt approves that
+/// attempt in the plan: it is listed so, unused, and an operator can revoke it, and a reindex
+/// records it so too (hostile review 43: listed as used for the old attempt while the plan
+/// approved the new one, and a revocation answered 409).
+#[tokio::test]
+async fn a_used_approval_rewritten_for_another_attempt_is_listed_and_revocable_as_the_plan_reads_it()
+ {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let approve =
+        json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "lost artifact"});
+    let granted = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approve))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let id = granted.body["approval_id"].as_str().expect("id").to_owned();
+    let reserved = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/attempts/reserve"),
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["1-0"]})),
+        )
+        .await;
+    assert_eq!(
+        reserved.body["attempts"],
+        json!({"1-0": 1}),
+        "{}",
+        reserved.body
+    );
+    // The rerun kept an answer without a grade again; the line of the used id is rewritten to
+    // approve that attempt.
+    let mut results = std::fs::read_to_string(&paths.output).expect("results");
+    results.push_str(&format!("{}\n", json!({"_ng_task_index": 1, "_ng_rollout_index": 0, "_ng_attempt_index": 1, "_ng_run_id": run_id, "reward": 0.0, "mask_sample": true, "failure_kind": "verifier_error", "response": {"output": [{"type": "message"}], "status": "completed"}})));
+    std::fs::write(&paths.output, results).expect("results");
+    let journal = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
+    std::fs::write(
+        &paths.rerun_masked,
+        journal.replace("\"attempt_index\":0", "\"attempt_index\":1"),
+    )
+    .expect("rewritten");
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert!(
+        plan.body.to_string().contains("approved_rerun"),
+        "the plan honours the rewritten line: {}",
+        plan.body
+    );
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert_eq!(
+        (
+            listed.body[0]["attempt_index"].as_i64(),
+            listed.body[0]["consumed_by_attempt"].is_null()
+        ),
+        (Some(1), true),
+        "{}",
+        listed.body
+    );
+    let revoked = app
+        .call(Method::DELETE, &format!("{uri}/{id}"), Some(OPERATOR), None)
+        .await;
+    assert_eq!(revoked.status, StatusCode::NO_CONTENT, "{}", revoked.body);
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert!(
+        !plan.body.to_string().contains("approved_rerun"),
+        "{}",
+        plan.body
+    );
+}
+
 /// An approval is refused while the approvals journal ends with an unterminated line: the
 /// append would end that line, and a line that approved nothing would approve with nobody's
 /// approval recorded (hostile review 43). Nothing is written; once the line is ended by hand it

@@ -1485,15 +1485,21 @@ impl Store {
     }
 
     /// A run's approval recorded again as `approval` (its journal's first line of that id) says,
-    /// when no attempt used it and the record differs: revoked (the id is in the journal again)
-    /// or holding other fields (the line was edited in place). `false` when nothing changed.
+    /// when the record differs: one no attempt used, when revoked (the id is in the journal
+    /// again) or holding other fields (the line was edited in place); one an attempt used, when
+    /// the line names another attempt now (the plan honours it for that attempt, so it is that
+    /// attempt's approval, unused until the run's files say otherwise: hostile review 43). A
+    /// used approval whose line names the attempt it was used for stays as it was used. `false`
+    /// when nothing changed.
     pub async fn restore_approval(&self, approval: &Approval) -> Result<bool, StoreError> {
         let result = sqlx::query(
             "UPDATE approvals SET at = $1, by_actor = $2, reason = $3, task_index = $4, rollout_index = $5, \
-             attempt_index = $6, revoked_at = NULL \
-             WHERE run_id = $7 AND approval_id = $8 AND consumed_by_attempt IS NULL \
-             AND (revoked_at IS NOT NULL OR at <> $1 OR by_actor <> $2 OR reason <> $3 OR task_index <> $4 \
-             OR rollout_index <> $5 OR attempt_index <> $6)",
+             attempt_index = $6, revoked_at = NULL, consumed_by_attempt = NULL \
+             WHERE run_id = $7 AND approval_id = $8 \
+             AND ((consumed_by_attempt IS NULL AND (revoked_at IS NOT NULL OR at <> $1 OR by_actor <> $2 \
+             OR reason <> $3 OR task_index <> $4 OR rollout_index <> $5 OR attempt_index <> $6)) \
+             OR (consumed_by_attempt IS NOT NULL AND (task_index <> $4 OR rollout_index <> $5 \
+             OR attempt_index <> $6)))",
         )
         .bind(&approval.at)
         .bind(&approval.by)

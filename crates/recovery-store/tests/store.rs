@@ -1057,12 +1057,11 @@ async fn approvals_extensions_resubmits_and_rejudgments_keep_their_rules() {
             !store.restore_approval(&edited).await.expect("restore"),
             "nothing differs now"
         );
+        let mut reworded = approval("a1", 1);
+        reworded.reason = "reworded".into();
         assert!(
-            !store
-                .restore_approval(&approval("a1", 7))
-                .await
-                .expect("restore"),
-            "a used approval stays as it was used"
+            !store.restore_approval(&reworded).await.expect("restore"),
+            "a used approval whose line names the attempt it was used for stays as it was used"
         );
         let list = store.list_approvals("r1").await.expect("list");
         assert_eq!(
@@ -1070,9 +1069,24 @@ async fn approvals_extensions_resubmits_and_rejudgments_keep_their_rules() {
                 list[1].revoked_at.as_deref(),
                 list[1].attempt_index,
                 list[1].reason.as_str(),
-                list[0].attempt_index
+                list[0].attempt_index,
+                list[0].consumed_by_attempt
             ),
-            (None, 5, "written again", 1)
+            (None, 5, "written again", 1, Some(2))
+        );
+        // A used approval's line naming another attempt now approves that attempt (the plan
+        // honours it): recorded again, unused (hostile review 43: listed as used while the plan
+        // approved another rollout with it, and never revocable).
+        assert!(
+            store
+                .restore_approval(&approval("a1", 7))
+                .await
+                .expect("restore")
+        );
+        let list = store.list_approvals("r1").await.expect("list");
+        assert_eq!(
+            (list[0].attempt_index, list[0].consumed_by_attempt),
+            (7, None)
         );
 
         let extension = AttemptExtension {
