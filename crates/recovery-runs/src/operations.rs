@@ -729,7 +729,11 @@ impl Registry {
         default_cap: u64,
     ) -> Result<Vec<Approval>, OpError> {
         let mut approvals = self.store().list_approvals(run_id).await?;
-        for line in journalled_approvals(paths).await.unwrap_or_default() {
+        let journal = journalled_approvals(paths).await;
+        if let Some(lines) = &journal {
+            mark_removed_from_journal(&mut approvals, lines, paths);
+        }
+        for line in journal.unwrap_or_default() {
             let journalled = approval_record(run_id, line);
             match approvals
                 .iter_mut()
@@ -1580,6 +1584,39 @@ pub struct Decided {
     /// The current configuration digest, when it could be computed.
     pub current_digest: Option<String>,
     pub verdict: ResumeVerdict,
+}
+
+/// Open approvals whose lines the (readable) journal no longer holds approve nothing in the
+/// plan: listed as revoked when the journal last changed, as a reindex records them (a
+/// revocation rewrites the journal first; a line removed by hand, or by another process
+/// revoking it, is revoked too: hostile review 43).
+fn mark_removed_from_journal(
+    approvals: &mut [Approval],
+    lines: &[recovery_core::journals::ApprovalLine],
+    paths: &SidecarPaths,
+) {
+    let held: std::collections::HashSet<&str> =
+        lines.iter().map(|l| l.approval_id.as_str()).collect();
+    let mut removed_at: Option<String> = None;
+    for approval in approvals.iter_mut().filter(|a| {
+        a.consumed_by_attempt.is_none()
+            && a.revoked_at.is_none()
+            && !held.contains(a.approval_id.as_str())
+    }) {
+        let at = removed_at.get_or_insert_with(|| journal_changed_at(&paths.rerun_masked));
+        approval.revoked_at = Some(at.clone());
+    }
+}
+
+/// When a journal last changed (now, when it is gone).
+fn journal_changed_at(path: &Path) -> String {
+    let modified = std::fs::symlink_metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| std::time::SystemTime::now());
+    let seconds = modified
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    unix_to_text(seconds)
 }
 
 /// An approval is never appended after an unterminated line: the append would end that line

@@ -2107,6 +2107,41 @@ async fn a_used_approval_rewritten_for_another_attempt_is_listed_and_revocable_a
     );
 }
 
+/// An approval whose line was removed from the journal by hand (or by another process
+/// revoking it) approves nothing in the plan, and is listed as revoked at once, as a reindex
+/// records it (hostile review 43: listed as live until a reindex).
+#[tokio::test]
+async fn an_approval_removed_from_the_journal_is_listed_as_revoked_at_once() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let uri = format!("/runs/{run_id}/approvals");
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let approve =
+        json!({"task_index": 1, "rollout_index": 0, "attempt_index": 0, "reason": "lost artifact"});
+    let granted = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approve))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert!(listed.body[0]["revoked_at"].is_null(), "{}", listed.body);
+    std::fs::write(&paths.rerun_masked, b"").expect("emptied by hand");
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert!(
+        !plan.body.to_string().contains("approved_rerun"),
+        "{}",
+        plan.body
+    );
+    let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+    assert!(listed.body[0]["revoked_at"].is_string(), "{}", listed.body);
+}
+
 /// An approval is refused while the approvals journal ends with an unterminated line: the
 /// append would end that line, and a line that approved nothing would approve with nobody's
 /// approval recorded (hostile review 43). Nothing is written; once the line is ended by hand it
