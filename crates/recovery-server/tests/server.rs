@@ -2108,10 +2108,11 @@ async fn a_used_approval_rewritten_for_another_attempt_is_listed_and_revocable_a
 }
 
 /// An approval whose line was removed from the journal by hand (or by another process
-/// revoking it) approves nothing in the plan, and is listed as revoked at once, as a reindex
-/// records it (hostile review 43: listed as live until a reindex).
+/// revoking it), made unreadable or left unterminated approves nothing in the plan, and is
+/// listed as revoked at once, as a reindex records it (hostile reviews 43 and 44: listed as
+/// live until a reindex).
 #[tokio::test]
-async fn an_approval_removed_from_the_journal_is_listed_as_revoked_at_once() {
+async fn an_approval_whose_line_stops_approving_is_listed_as_revoked_at_once() {
     let app = TestApp::new().await;
     let (run_id, _) = run_with_masked_answer(&app).await;
     let uri = format!("/runs/{run_id}/approvals");
@@ -2124,22 +2125,41 @@ async fn an_approval_removed_from_the_journal_is_listed_as_revoked_at_once() {
     assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
     let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
     assert!(listed.body[0]["revoked_at"].is_null(), "{}", listed.body);
-    std::fs::write(&paths.rerun_masked, b"").expect("emptied by hand");
-    let plan = app
-        .call(
-            Method::GET,
-            &format!("/runs/{run_id}/plan"),
-            Some(VIEWER),
-            None,
-        )
-        .await;
-    assert!(
-        !plan.body.to_string().contains("approved_rerun"),
-        "{}",
-        plan.body
-    );
+    let line = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
+    let mut unreadable: Value = serde_json::from_str(line.trim_end()).expect("line");
+    unreadable.as_object_mut().expect("line").remove("reason");
+    // Emptied, its line made unreadable, its newline taken away (review 44): it approves
+    // nothing in the plan, and the list says so; its line whole again, it approves again.
+    let journals = [
+        String::new(),
+        format!("{unreadable}\n"),
+        line.trim_end().to_owned(),
+    ];
+    for journal in journals {
+        std::fs::write(&paths.rerun_masked, &journal).expect("written by hand");
+        let plan = app
+            .call(
+                Method::GET,
+                &format!("/runs/{run_id}/plan"),
+                Some(VIEWER),
+                None,
+            )
+            .await;
+        assert!(
+            !plan.body.to_string().contains("approved_rerun"),
+            "{journal:?}: {}",
+            plan.body
+        );
+        let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
+        assert!(
+            listed.body[0]["revoked_at"].is_string(),
+            "{journal:?}: {}",
+            listed.body
+        );
+    }
+    std::fs::write(&paths.rerun_masked, &line).expect("whole again");
     let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
-    assert!(listed.body[0]["revoked_at"].is_string(), "{}", listed.body);
+    assert!(listed.body[0]["revoked_at"].is_null(), "{}", listed.body);
 }
 
 /// An approval is refused while the approvals journal ends with an unterminated line: the
