@@ -17,6 +17,7 @@
 //! - [`runfiles`]: reading a run's files into the core's inputs.
 //! - [`runlock`]: the per-run critical section ([`LockedRun`]) every mutation happens in.
 
+pub mod approvals;
 pub mod background;
 pub mod cache;
 pub mod clock;

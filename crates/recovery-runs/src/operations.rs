@@ -8,10 +8,9 @@
 //! before rows (the files are the truth; reindex replays them); a run whose output the files
 //! show to belong to another run is never acted on ([`Registry::check_owner`]).
 
+use crate::approvals::{Follow, follow_journal};
 use crate::cache::{MaterializedFacts, RunCaches};
-use crate::registry::{
-    Registry, RegistryError, approval_record, journalled_approvals, unix_to_text,
-};
+use crate::registry::{Registry, RegistryError, journalled_approvals, unix_to_text};
 use crate::runfiles::{self, RunFilesError};
 use crate::runlock::{LockedRun, SharedRun};
 use recovery_core::canonical::sha256_reader;
@@ -729,23 +728,32 @@ impl Registry {
         default_cap: u64,
     ) -> Result<Vec<Approval>, OpError> {
         let mut approvals = self.store().list_approvals(run_id).await?;
-        let journal = journalled_approvals(paths).await;
-        if let Some(lines) = &journal {
-            mark_removed_from_journal(&mut approvals, lines, paths);
-        }
-        for line in journal.unwrap_or_default() {
-            let journalled = approval_record(run_id, line);
-            match approvals
-                .iter_mut()
-                .find(|a| a.approval_id == journalled.approval_id)
-            {
-                // Used for the attempt its line names; a used id whose line names another
-                // attempt now approves that one (the plan honours it), as a reindex records it.
-                Some(used)
-                    if used.consumed_by_attempt.is_some()
-                        && used.triple() == journalled.triple() => {}
-                Some(recorded) => *recorded = journalled,
-                None => approvals.push(journalled),
+        if let Some(journal) = journalled_approvals(paths).await {
+            let follows = follow_journal(run_id, &approvals, journal);
+            let mut removed_at: Option<String> = None;
+            for follow in follows {
+                match follow {
+                    Follow::Insert(line) => approvals.push(line),
+                    Follow::Restore(line) => {
+                        if let Some(recorded) = approvals
+                            .iter_mut()
+                            .find(|a| a.approval_id == line.approval_id)
+                        {
+                            *recorded = line;
+                        }
+                    }
+                    // Listed as revoked when the journal last changed.
+                    Follow::Revoke(approval_id) => {
+                        let at = removed_at
+                            .get_or_insert_with(|| journal_changed_at(&paths.rerun_masked))
+                            .clone();
+                        if let Some(open) =
+                            approvals.iter_mut().find(|a| a.approval_id == approval_id)
+                        {
+                            open.revoked_at = Some(at);
+                        }
+                    }
+                }
             }
         }
         let open: Vec<(usize, (i64, i64, i64))> = approvals
@@ -777,15 +785,20 @@ impl Registry {
         approval_id: &str,
         default_cap: u64,
     ) -> Result<(), OpError> {
-        // An approval only the journal holds (as it holds it) is recorded first, as a reindex
-        // would: the plan honours it, so it can be revoked.
-        if let Some(line) = journalled_approvals(run.paths())
-            .await
-            .and_then(|lines| lines.into_iter().find(|l| l.approval_id == approval_id))
-        {
-            let journalled = approval_record(run_id, line);
-            if !self.store().insert_approval(&journalled).await? {
-                self.store().restore_approval(&journalled).await?;
+        // The approval as the journal holds it is recorded first, as a reindex would: the plan
+        // honours it, so it can be revoked.
+        if let Some(journal) = journalled_approvals(run.paths()).await {
+            let recorded = self.store().list_approvals(run_id).await?;
+            for follow in follow_journal(run_id, &recorded, journal) {
+                match follow {
+                    Follow::Insert(line) if line.approval_id == approval_id => {
+                        self.store().insert_approval(&line).await?;
+                    }
+                    Follow::Restore(line) if line.approval_id == approval_id => {
+                        self.store().restore_approval(&line).await?;
+                    }
+                    _ => {}
+                }
             }
         }
         let approvals = self.store().list_approvals(run_id).await?;
@@ -1584,28 +1597,6 @@ pub struct Decided {
     /// The current configuration digest, when it could be computed.
     pub current_digest: Option<String>,
     pub verdict: ResumeVerdict,
-}
-
-/// Open approvals whose lines the (readable) journal no longer holds approve nothing in the
-/// plan: listed as revoked when the journal last changed, as a reindex records them (a
-/// revocation rewrites the journal first; a line removed by hand, or by another process
-/// revoking it, is revoked too: hostile review 43).
-fn mark_removed_from_journal(
-    approvals: &mut [Approval],
-    lines: &[recovery_core::journals::ApprovalLine],
-    paths: &SidecarPaths,
-) {
-    let held: std::collections::HashSet<&str> =
-        lines.iter().map(|l| l.approval_id.as_str()).collect();
-    let mut removed_at: Option<String> = None;
-    for approval in approvals.iter_mut().filter(|a| {
-        a.consumed_by_attempt.is_none()
-            && a.revoked_at.is_none()
-            && !held.contains(a.approval_id.as_str())
-    }) {
-        let at = removed_at.get_or_insert_with(|| journal_changed_at(&paths.rerun_masked));
-        approval.revoked_at = Some(at.clone());
-    }
 }
 
 /// When a journal last changed (now, when it is gone).

@@ -9,6 +9,7 @@
 //! whose run differs from the one recorded for its output supersedes it); an unreadable manifest
 //! or journal line is reported, never fatal, and never replaced.
 
+use crate::approvals::{Follow, follow_journal};
 use crate::cache::RunCaches;
 use crate::clock::Clock;
 use crate::events::{
@@ -456,7 +457,7 @@ impl Registry {
         };
         self.append_json_line(&run.paths().rerun_masked, run_id, "rerun_masked", &line)
             .await?;
-        let approval = approval_record(run_id, line);
+        let approval = crate::approvals::record_of(run_id, line);
         self.store.insert_approval(&approval).await?;
         Ok(approval)
     }
@@ -1083,35 +1084,36 @@ impl Registry {
                 .into_iter()
                 .map(|(number, why)| (format!("{}:{number}", paths.rerun_masked.display()), why)),
         );
-        let journalled: std::collections::HashSet<String> = journal
-            .approvals
-            .iter()
-            .map(|a| a.approval_id.clone())
-            .collect();
+        // The journal decides (see `approvals`); an unreadable one changes nothing.
         let mut inserted = Vec::new();
-        for line in journal.approvals {
-            let record = approval_record(&run_id, line);
-            if self.store.insert_approval(&record).await? {
-                report.approvals_inserted += 1;
-                inserted.push(record);
-            } else if self.store.restore_approval(&record).await? {
-                // Revoked and in the journal again, or its line edited: the plan honours the
-                // line, so the list shows what it honours and a revocation can take it away
-                // (hostile reviews 41 and 42: it approved while listed as revoked, or listed
-                // as another line said).
-                report.approvals_restored += 1;
-                inserted.push(record);
-            }
-        }
-        if approvals_readable {
-            // A revocation rewrites the journal first: an approval the journal no longer holds
-            // was revoked, even when the crash came before the database heard of it.
-            for approval in self.store.list_approvals(&run_id).await? {
-                if approval.revoked_at.is_none() && !journalled.contains(&approval.approval_id) {
-                    self.store
-                        .revoke_approval(&run_id, &approval.approval_id, &now)
-                        .await?;
-                    report.approvals_revoked += 1;
+        let follows = if approvals_readable {
+            let recorded = self.store.list_approvals(&run_id).await?;
+            follow_journal(&run_id, &recorded, journal.approvals)
+        } else {
+            Vec::new()
+        };
+        for follow in follows {
+            match follow {
+                Follow::Insert(record) => {
+                    if self.store.insert_approval(&record).await? {
+                        report.approvals_inserted += 1;
+                        inserted.push(record);
+                    }
+                }
+                Follow::Restore(record) => {
+                    if self.store.restore_approval(&record).await? {
+                        report.approvals_restored += 1;
+                        inserted.push(record);
+                    }
+                }
+                Follow::Revoke(approval_id) => {
+                    if self
+                        .store
+                        .revoke_approval(&run_id, &approval_id, &now)
+                        .await?
+                    {
+                        report.approvals_revoked += 1;
+                    }
                 }
             }
         }
@@ -1477,21 +1479,6 @@ pub(crate) async fn journalled_approvals(paths: &SidecarPaths) -> Option<Vec<App
     .ok()?;
     let journal = ApprovalJournal::of_lines(lines.iter().map(|(_, line)| line.as_slice()));
     Some(journal.approvals)
-}
-
-pub(crate) fn approval_record(run_id: &str, line: ApprovalLine) -> Approval {
-    Approval {
-        approval_id: line.approval_id,
-        run_id: run_id.to_owned(),
-        at: line.at,
-        by: line.by,
-        reason: line.reason,
-        task_index: line.task_index,
-        rollout_index: line.rollout_index,
-        attempt_index: line.attempt_index,
-        consumed_by_attempt: None,
-        revoked_at: None,
-    }
 }
 
 fn extension_record(run_id: &str, id: String, line: ExtensionLine) -> AttemptExtension {

@@ -1972,3 +1972,98 @@ fn a_legacy_runs_plan_caught_up_with_an_appended_sidecar_line_equals_the_cold_pl
     let cold = plan_once(&paths, 3, states).expect("cold");
     assert_eq!(warm, cold);
 }
+
+/// The one rule by which recorded approvals follow the journal the plan reads (the list, a
+/// revocation and a reindex all apply it), one case per row.
+#[test]
+fn recorded_approvals_follow_the_journal_by_one_rule() {
+    use recovery_runs::approvals::{Follow, follow_journal, record_of};
+    let line = |id: &str, attempt: i64, reason: &str| recovery_core::journals::ApprovalLine {
+        approval_id: id.into(),
+        at: "2026-12-05T12:00:00Z".into(),
+        by: "op".into(),
+        reason: reason.into(),
+        task_index: 1,
+        rollout_index: 0,
+        attempt_index: attempt,
+    };
+    let record = |id: &str, attempt: i64, used: Option<i64>, revoked: bool| {
+        let mut record = record_of("r", line(id, attempt, "r"));
+        record.consumed_by_attempt = used;
+        record.revoked_at = revoked.then(|| "2026-12-05T13:00:00Z".to_owned());
+        record
+    };
+    let restored = |id: &str, attempt: i64, reason: &str| {
+        vec![Follow::Restore(record_of("r", line(id, attempt, reason)))]
+    };
+    // (name, the record, the journal line as (attempt, reason), the changes)
+    type Case<'a> = (
+        &'a str,
+        Option<recovery_store::Approval>,
+        Option<(i64, &'a str)>,
+        Vec<Follow>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "a line the database lacks is inserted",
+            None,
+            Some((0, "r")),
+            vec![Follow::Insert(record_of("r", line("x", 0, "r")))],
+        ),
+        (
+            "a line as recorded changes nothing",
+            Some(record("x", 0, None, false)),
+            Some((0, "r")),
+            vec![],
+        ),
+        (
+            "a revoked id written again is restored",
+            Some(record("x", 0, None, true)),
+            Some((0, "r")),
+            restored("x", 0, "r"),
+        ),
+        (
+            "an open approval's edited line is restored",
+            Some(record("x", 0, None, false)),
+            Some((0, "edited")),
+            restored("x", 0, "edited"),
+        ),
+        (
+            "a used approval's line for the same attempt stays used",
+            Some(record("x", 0, Some(1), false)),
+            Some((0, "edited")),
+            vec![],
+        ),
+        (
+            "a used approval's line for another attempt approves it",
+            Some(record("x", 0, Some(1), false)),
+            Some((1, "r")),
+            restored("x", 1, "r"),
+        ),
+        (
+            "an open approval gone from the journal is revoked",
+            Some(record("x", 0, None, false)),
+            None,
+            vec![Follow::Revoke("x".into())],
+        ),
+        (
+            "a used approval gone from the journal stays used",
+            Some(record("x", 0, Some(1), false)),
+            None,
+            vec![],
+        ),
+        (
+            "a revoked approval gone from the journal stays revoked",
+            Some(record("x", 0, None, true)),
+            None,
+            vec![],
+        ),
+    ];
+    for (name, recorded, journalled, expected) in cases {
+        let journal = journalled
+            .map(|(attempt, reason)| vec![line("x", attempt, reason)])
+            .unwrap_or_default();
+        let recorded: Vec<_> = recorded.into_iter().collect();
+        assert_eq!(follow_journal("r", &recorded, journal), expected, "{name}");
+    }
+}
