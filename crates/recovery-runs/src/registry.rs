@@ -1427,7 +1427,6 @@ fn parse_drift_lines(
     (events, unreadable)
 }
 
-/// Unix seconds as fixed-width RFC 3339 text.
 /// The approvals journal `bytes` without the lines that carry `approval_id` (the first
 /// whole one approves; a later one reusing the id approves nothing, and would approve once
 /// the first was gone), an unterminated last line that carries it included (the next append
@@ -1449,6 +1448,7 @@ fn without_approval(bytes: &[u8], approval_id: &str) -> Option<Vec<u8>> {
     removed.then_some(kept)
 }
 
+/// Unix seconds as fixed-width RFC 3339 text.
 pub fn unix_to_text(seconds: f64) -> String {
     let nanos = (seconds * 1e9) as i128;
     time::OffsetDateTime::from_unix_timestamp_nanos(nanos)

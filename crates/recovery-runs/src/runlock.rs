@@ -86,6 +86,16 @@ impl LocalRunLocks {
     pub async fn read(&self, run_lock: &Path) -> OwnedRwLockReadGuard<()> {
         self.entry(run_lock).read_owned().await
     }
+
+    /// [`Self::read`], and whether it had to wait (for a change of the run to end: what the
+    /// reader looked up before may have changed meanwhile).
+    pub async fn read_noting_wait(&self, run_lock: &Path) -> (OwnedRwLockReadGuard<()>, bool) {
+        let entry = self.entry(run_lock);
+        match entry.clone().try_read_owned() {
+            Ok(guard) => (guard, false),
+            Err(_) => (entry.read_owned().await, true),
+        }
+    }
 }
 
 /// How the run's `flock` is held during a section.

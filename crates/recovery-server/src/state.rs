@@ -249,10 +249,21 @@ impl AppState {
     /// take a second one in the same task: a change waiting between two readings of one task
     /// would wait forever.
     pub async fn run_on_disk(&self, run_id: &str) -> ApiResult<ReadingRun> {
-        let (_, paths) = self.run(run_id).await?;
-        let section = self.registry.leases().local().read(&paths.run_lock).await;
-        // A change that ended while this waited (a replacement superseding the run) shows now.
         let (run, paths) = self.run(run_id).await?;
+        let (section, waited) = self
+            .registry
+            .leases()
+            .local()
+            .read_noting_wait(&paths.run_lock)
+            .await;
+        // A change that ended while this waited (a replacement superseding the run) shows now;
+        // one that ended between the lookup and the lock is found by the owner check below.
+        // (Looking up again every time cost every read a second database query.)
+        let (run, paths) = if waited {
+            self.run(run_id).await?
+        } else {
+            (run, paths)
+        };
         let manifest = paths.manifest.clone();
         let owner = self
             .blocking(move || {
@@ -284,6 +295,17 @@ impl AppState {
         run_id: &str,
         work: impl FnOnce(&recovery_runs::plans::RunPlan<'_>) -> T + Send + 'static,
     ) -> ApiResult<T> {
+        self.with_plan_then(run_id, work, |answer| answer).await
+    }
+
+    /// [`Self::with_plan`], then `finish` on the same thread once the run's plan and files are
+    /// let go (serializing a large answer there holds up no other reader or change of the run).
+    pub async fn with_plan_then<T: 'static, U: Send + 'static>(
+        &self,
+        run_id: &str,
+        work: impl FnOnce(&recovery_runs::plans::RunPlan<'_>) -> T + Send + 'static,
+        finish: impl FnOnce(T) -> U + Send + 'static,
+    ) -> ApiResult<U> {
         let reading = self.run_on_disk(run_id).await?;
         let cap = self.config.default_max_attempts;
         let caches = self.registry.caches().clone();
@@ -291,7 +313,7 @@ impl AppState {
             .run(move |_| {
                 let answer = caches.plans.with_plan(&reading.paths, cap, work)?;
                 drop(reading);
-                Ok(answer)
+                Ok(finish(answer))
             })
             .await
     }

@@ -102,12 +102,12 @@ pub async fn revoke_approval(
     caller.require(Role::Operator)?;
     // Bounded as ids in bodies are (hostile review 39: a 300-byte id was looked up and echoed
     // in a 404).
-    if approval_id.len() > crate::limits::ID {
+    if approval_id.len() > recovery_core::journals::APPROVAL_ID_MAX {
         return Err(ApiError::invalid_field(
             "approval_id",
             format!(
                 "approval_id: longer than {} bytes (the value is not repeated)",
-                crate::limits::ID
+                recovery_core::journals::APPROVAL_ID_MAX
             ),
         ));
     }

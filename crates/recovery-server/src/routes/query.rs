@@ -608,24 +608,28 @@ pub async fn plan(
     };
     let filter = params.state;
     state
-        .with_plan(&run_id, move |plan| {
-            let view = plan.view();
-            let summary = plan.summary();
-            let (positions, more) = summary.positions(filter, after, limit);
-            let next_cursor = more
-                .then(|| positions.last().map(|p| p.to_string()))
-                .flatten();
-            SerializedJson::of(&PlanResponse {
-                entries: positions.into_iter().map(|p| view.entry(p)).collect(),
-                next_cursor,
-                completion: PlanCompletion::of(&summary.state_counts),
-                run_id: summary.run_id,
-                cap: summary.cap,
-                state_counts: summary.state_counts,
-                coverage: summary.coverage,
-                budget_message: summary.budget_message,
-                warnings: summary.warnings,
-            })
-        })
+        .with_plan_then(
+            &run_id,
+            move |plan| {
+                let view = plan.view();
+                let summary = plan.summary();
+                let (positions, more) = summary.positions(filter, after, limit);
+                let next_cursor = more
+                    .then(|| positions.last().map(|p| p.to_string()))
+                    .flatten();
+                PlanResponse {
+                    entries: positions.into_iter().map(|p| view.entry(p)).collect(),
+                    next_cursor,
+                    completion: PlanCompletion::of(&summary.state_counts),
+                    run_id: summary.run_id,
+                    cap: summary.cap,
+                    state_counts: summary.state_counts,
+                    coverage: summary.coverage,
+                    budget_message: summary.budget_message,
+                    warnings: summary.warnings,
+                }
+            },
+            |page| SerializedJson::of(&page),
+        )
         .await?
 }

@@ -650,8 +650,11 @@ pub async fn get_run(
     caller: Caller,
 ) -> ApiResult<Json<RunView>> {
     caller.require(Role::Viewer)?;
-    let reading = state.run_on_disk(&run_id).await?;
-    let (run, paths) = (reading.record.clone(), reading.paths.clone());
+    let crate::state::ReadingRun {
+        record: run,
+        paths,
+        section,
+    } = state.run_on_disk(&run_id).await?;
     let work_paths = paths.clone();
     let (manifest, extension) = state
         .blocking(move || {
@@ -663,7 +666,7 @@ pub async fn get_run(
         })
         .await?;
     // Before an adoption below takes the run's lock.
-    drop(reading);
+    drop(section);
     let budget = recovery_core::plan::Budget {
         default_cap: state.config.default_max_attempts,
         extension: extension.unwrap_or(0),

@@ -68,9 +68,8 @@ impl IntoResponse for BadForm {
     }
 }
 
-/// A form's fields, read into the API's own request type so its limits and messages apply.
-/// A form's fields read as the API request they make, a refusal naming the field (as the
-/// API's does).
+/// A form's fields read as the API request they make (its limits and messages apply), a
+/// refusal naming the field (as the API's does).
 fn api_request<T: DeserializeOwned>(fields: Value) -> Result<T, BadForm> {
     serde_path_to_error::deserialize(fields)
         .map_err(|e| BadForm(format!("{}: {}", e.path(), e.inner())))
