@@ -493,13 +493,9 @@ pub async fn serve(
             if sweeper_state.leases.shares_database() && round % ADOPT_EVERY == 0 {
                 adopt_live_leases(&sweeper_state.registry).await;
             }
-            match sweeper_state.leases.sweep().await {
-                Ok(expired) => {
-                    for lease in expired {
-                        tracing::info!(run_id = %lease.run_id, holder = %lease.holder, "lease expired; run lock released");
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "lease sweep failed"),
+            // Each expiry is logged where the lease is ended (`Leases::end_if_expired`), once.
+            if let Err(e) = sweeper_state.leases.sweep().await {
+                tracing::warn!(error = %e, "lease sweep failed");
             }
         }
     });

@@ -744,6 +744,24 @@ async fn validate_reuses_journals_operational_drift_and_refuses_semantic_drift()
         )
         .await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    // A run that does not exist is what the caller needs to hear, whatever it sent (hostile
+    // review 43, F9: a body that is not a validate request answered 422).
+    for body in [json!({}), json!({"config": 7}), json!([1, 2])] {
+        let missing = app
+            .call(
+                Method::POST,
+                "/runs/nope/validate",
+                Some(COLLECTOR),
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(
+            (missing.status, missing.body["code"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found")),
+            "{body}: {}",
+            missing.body
+        );
+    }
 }
 
 /// Waits until the file at `path` last changed longer ago than the service's file caches need

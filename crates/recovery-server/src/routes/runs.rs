@@ -349,6 +349,17 @@ pub async fn validate(
     CollectorCaller(caller): CollectorCaller,
     ApiJsonBytes(body): ApiJsonBytes,
 ) -> ApiResult<Json<ValidateResponse>> {
+    // The run is looked up before the body is read: a validate of an unknown run answers 404
+    // whatever it sent (hostile review 43, F9: a bad body of an unknown run answered 422).
+    let (run, paths) = match state.run(&run_id).await {
+        // A validate of a run another run took over is recorded as such, every time (the
+        // first one, which finds the takeover on disk, is recorded by the operation).
+        Err(error) if error.code == ErrorCode::RunSuperseded => {
+            record_superseded(&state, &run_id, &caller.name, &error).await?;
+            return Err(error);
+        }
+        found => found?,
+    };
     // Rows may be thousands: a large body is read off the async workers (a small one costs
     // less to read than to hand over), rows and configuration kept as raw texts, so the body
     // needs no depth pass of its own (their readers bound it).
@@ -358,15 +369,6 @@ pub async fn validate(
         state
             .blocking(move || parse_shallow_json_body(&body))
             .await?
-    };
-    let (run, paths) = match state.run(&run_id).await {
-        // A validate of a run another run took over is recorded as such, every time (the
-        // first one, which finds the takeover on disk, is recorded by the operation).
-        Err(error) if error.code == ErrorCode::RunSuperseded => {
-            record_superseded(&state, &run_id, &caller.name, &error).await?;
-            return Err(error);
-        }
-        found => found?,
     };
     let event = new_resume_event(&state, &run, &caller.name);
     let work = state.clone();
