@@ -430,25 +430,81 @@ fn positional(rows: usize, columns: usize) -> String {
     vec![tuple; rows].join(", ")
 }
 
-/// Numbers the events of `rows` that `drift_events` lacks, in the order given, in the recorded
-/// order (migration 0010: the statement does what a trigger did per row, at less than half the
-/// cost). Runs before they are inserted, in the same transaction: SQLite has one writer, so
-/// nothing commits between the check and the insert, and the numbers are in commit order.
-async fn record_new_drift_sqlite(tx: &mut Tx<'_>, rows: &[&DriftEvent]) -> Result<(), StoreError> {
-    // The ordinal is a number this code formats: it keeps the recorded order the given one.
-    let values: Vec<String> = (0..rows.len()).map(|n| format!("(?, ?, {n})")).collect();
-    let sql = format!(
-        "INSERT INTO drift_recorded (at, event_id) SELECT v.column1, v.column2 FROM (VALUES {}) AS v \
-         WHERE NOT EXISTS (SELECT 1 FROM drift_events d WHERE d.at = v.column1 AND d.event_id = v.column2) \
-         ORDER BY v.column3",
-        values.join(", ")
-    );
-    let mut query = sqlx::query(&sql);
-    for event in rows {
-        query = query.bind(&event.at).bind(&event.event_id);
+/// One statement of an SQLite drift insert, over a chunk of rows.
+enum DriftStatement<'a> {
+    /// Numbers the events of the chunk that `drift_events` lacks, in the order given, in the
+    /// recorded order (migration 0010: the statement does what a trigger did per row, at less
+    /// than half the cost). Runs before they are inserted, in the same transaction: SQLite has
+    /// one writer, so nothing commits between the check and the insert, and the numbers are in
+    /// commit order. An event later than every recorded one is new without a lookup (the
+    /// latest time is read once per statement): a reindex inserts in time order, and the
+    /// lookup per event was a quarter of numbering them (1M lines: 1.41 -> 1.08 s).
+    Record(&'a [&'a DriftEvent]),
+    /// Inserts the chunk's events.
+    Events(&'a [&'a DriftEvent]),
+    /// Inserts drifted keys: `(key, at, event id)`. Keys of events already known are known
+    /// too (ids derive from the lines): no-ops.
+    Keys(&'a [(&'a String, &'a String, &'a String)]),
+}
+
+impl<'a> DriftStatement<'a> {
+    fn sql(&self) -> String {
+        match self {
+            Self::Record(rows) => {
+                // The ordinal is a number this code formats: it keeps the recorded order the
+                // given one.
+                let values: Vec<String> = (0..rows.len()).map(|n| format!("(?, ?, {n})")).collect();
+                format!(
+                    "INSERT INTO drift_recorded (at, event_id) SELECT v.column1, v.column2 FROM (VALUES {}) AS v \
+                     WHERE v.column1 > coalesce((SELECT max(at) FROM drift_events), '') \
+                     OR NOT EXISTS (SELECT 1 FROM drift_events d WHERE d.at = v.column1 AND d.event_id = v.column2) \
+                     ORDER BY v.column3",
+                    values.join(", ")
+                )
+            }
+            Self::Events(rows) => format!(
+                "INSERT INTO drift_events (at, event_id, run_id, saved_config_digest, current_config_digest, operational_keys) \
+                 VALUES {} ON CONFLICT (at, event_id) DO NOTHING",
+                positional(rows.len(), 6)
+            ),
+            Self::Keys(rows) => format!(
+                "INSERT INTO drift_event_keys (key, at, event_id) VALUES {} ON CONFLICT (key, at, event_id) DO NOTHING",
+                positional(rows.len(), 3)
+            ),
+        }
     }
-    query.execute(&mut **tx).await?;
-    Ok(())
+
+    /// The statement `sql` with this chunk's values bound.
+    fn bound<'q>(&self, sql: &'q str) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>
+    where
+        'a: 'q,
+    {
+        let mut query = sqlx::query(sql);
+        match self {
+            Self::Record(rows) => {
+                for event in *rows {
+                    query = query.bind(&event.at).bind(&event.event_id);
+                }
+            }
+            Self::Events(rows) => {
+                for event in *rows {
+                    query = query
+                        .bind(&event.at)
+                        .bind(&event.event_id)
+                        .bind(&event.run_id)
+                        .bind(&event.saved_config_digest)
+                        .bind(&event.current_config_digest)
+                        .bind(to_json(&event.operational_keys));
+                }
+            }
+            Self::Keys(rows) => {
+                for (key, at, id) in *rows {
+                    query = query.bind(*key).bind(*at).bind(*id);
+                }
+            }
+        }
+        query
+    }
 }
 
 /// `events` without repeats of an event (the first is kept): a repeat in one statement would be
@@ -462,30 +518,10 @@ fn distinct_events<'a>(events: &[&'a DriftEvent]) -> Vec<&'a DriftEvent> {
         .collect()
 }
 
+/// Inserts drift events in statements of at most 1,000 events (2,000 keys) each. (Binding the
+/// next statement's values while SQLite ran the one before was tried: within the noise, 3%.)
 async fn insert_drift_sqlite(tx: &mut Tx<'_>, events: &[&DriftEvent]) -> Result<usize, StoreError> {
     let events = distinct_events(events);
-    let events = events.as_slice();
-    let mut inserted = 0;
-    for rows in events.chunks(1000) {
-        record_new_drift_sqlite(tx, rows).await?;
-        let sql = format!(
-            "INSERT INTO drift_events (at, event_id, run_id, saved_config_digest, current_config_digest, operational_keys) \
-             VALUES {} ON CONFLICT (at, event_id) DO NOTHING",
-            positional(rows.len(), 6)
-        );
-        let mut query = sqlx::query(&sql);
-        for event in rows {
-            query = query
-                .bind(&event.at)
-                .bind(&event.event_id)
-                .bind(&event.run_id)
-                .bind(&event.saved_config_digest)
-                .bind(&event.current_config_digest)
-                .bind(to_json(&event.operational_keys));
-        }
-        inserted += query.execute(&mut **tx).await?.rows_affected() as usize;
-    }
-    // Keys of events already known are known too (ids derive from the lines): no-ops.
     let keys: Vec<(&String, &String, &String)> = events
         .iter()
         .flat_map(|e| {
@@ -494,16 +530,23 @@ async fn insert_drift_sqlite(tx: &mut Tx<'_>, events: &[&DriftEvent]) -> Result<
                 .map(move |k| (k, &e.at, &e.event_id))
         })
         .collect();
-    for rows in keys.chunks(2000) {
-        let sql = format!(
-            "INSERT INTO drift_event_keys (key, at, event_id) VALUES {} ON CONFLICT (key, at, event_id) DO NOTHING",
-            positional(rows.len(), 3)
-        );
-        let mut query = sqlx::query(&sql);
-        for (key, at, id) in rows {
-            query = query.bind(*key).bind(*at).bind(*id);
+    let mut statements = Vec::new();
+    for rows in events.chunks(1000) {
+        statements.push(DriftStatement::Record(rows));
+        statements.push(DriftStatement::Events(rows));
+    }
+    statements.extend(keys.chunks(2000).map(DriftStatement::Keys));
+    let texts: Vec<String> = statements.iter().map(DriftStatement::sql).collect();
+    let mut inserted = 0;
+    for (statement, text) in statements.iter().zip(&texts) {
+        let affected = statement
+            .bound(text)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected() as usize;
+        if matches!(statement, DriftStatement::Events(_)) {
+            inserted += affected;
         }
-        query.execute(&mut **tx).await?;
     }
     Ok(inserted)
 }

@@ -931,13 +931,16 @@ async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_th
         };
         let before = head(store.clone()).await;
         // Later in time first: the recorded order is the order given, not the time order.
+        // "late" is later than every event known (new without a lookup); "same time" shares
+        // the latest known time (looked up: new); "early" is earlier (looked up: new).
         let batch = [
             drift("late", 50),
             known,
+            drift("same time", 30),
             drift("early", 10),
             drift("late", 50),
         ];
-        assert_eq!(store.insert_drift_events(&batch).await.expect("batch"), 2);
+        assert_eq!(store.insert_drift_events(&batch).await.expect("batch"), 3);
         let followed = store
             .follow_drift(&DriftFollow {
                 after: before,
@@ -951,8 +954,12 @@ async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_th
             .iter()
             .map(|(_, e)| e.event_id.as_str())
             .collect();
-        assert_eq!(ids, ["late", "early"], "each new event once, as given");
-        assert_eq!(followed.head, before + 2);
+        assert_eq!(
+            ids,
+            ["late", "same time", "early"],
+            "each new event once, as given"
+        );
+        assert_eq!(followed.head, before + 3);
     })
     .await;
 }
