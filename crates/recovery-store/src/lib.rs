@@ -536,11 +536,11 @@ async fn insert_drift_sqlite(tx: &mut Tx<'_>, events: &[&DriftEvent]) -> Result<
         statements.push(DriftStatement::Events(rows));
     }
     statements.extend(keys.chunks(2000).map(DriftStatement::Keys));
-    let texts: Vec<String> = statements.iter().map(DriftStatement::sql).collect();
     let mut inserted = 0;
-    for (statement, text) in statements.iter().zip(&texts) {
+    for statement in &statements {
+        let text = statement.sql();
         let affected = statement
-            .bound(text)
+            .bound(&text)
             .execute(&mut **tx)
             .await?
             .rows_affected() as usize;
