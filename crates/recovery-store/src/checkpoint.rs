@@ -54,6 +54,8 @@ impl Checkpointer {
         sqlx::query("PRAGMA busy_timeout = 10000")
             .execute(&mut connection)
             .await?;
+        // Copying the log is background work too.
+        crate::priority::lower_sqlite_threads();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(INTERVAL);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -16,6 +16,7 @@
 mod checkpoint;
 mod driftpages;
 mod owner;
+mod priority;
 mod records;
 mod rowcache;
 
@@ -781,6 +782,7 @@ impl Store {
                         sqlx::query(checkpoint::LOG_SIZE_LIMIT)
                             .execute(&mut *connection)
                             .await?;
+                        priority::lower_sqlite_threads();
                     }
                     Ok(())
                 })
