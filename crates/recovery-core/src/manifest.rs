@@ -243,6 +243,13 @@ impl RunManifest {
                 next_attempt.reserve(entries.len());
                 for (key, v) in entries {
                     match strict_positive_int(v) {
+                        // Execution numbers are signed 64-bit everywhere they are handed out
+                        // and recorded (hostile review 45: 2^63 and beyond wrapped negative).
+                        Ok(n) if n > MAX_NEXT_ATTEMPT => problem(
+                            &format!("next_attempt.{key}"),
+                            "integer larger than the largest execution number this implementation \
+                             keeps (2^63 - 1)",
+                        ),
                         Ok(n) => {
                             next_attempt.insert(key.clone(), n);
                         }
@@ -540,6 +547,10 @@ fn is_literal_two(value: &Value) -> bool {
 
 /// pydantic's `Annotated[int, Field(ge=1, strict=True)]`: a JSON integer (never a bool, float
 /// or string) of at least 1.
+/// The largest `next_attempt` a manifest may hold: execution numbers are `i64` wherever they are
+/// handed out and recorded (JSON answers, database rows, outcome lines as the plan reads them).
+pub const MAX_NEXT_ATTEMPT: u64 = i64::MAX as u64;
+
 fn strict_positive_int(value: &Value) -> Result<u64, &'static str> {
     let Value::Number(n) = value else {
         return Err("input should be a valid integer");

@@ -460,13 +460,9 @@ impl Registry {
         let mut entries: HashMap<&str, PlanEntry> = HashMap::new();
         let mut attempts = BTreeMap::new();
         for (id, entry) in rollout_ids.iter().zip(found) {
-            let attempt = manifest
-                .next_attempt
-                .get(id)
-                .map_or_else(|| entry.latest_attempt.map_or(0, |l| l + 1), |n| *n as i64);
-            manifest
-                .next_attempt
-                .insert(id.clone(), (attempt + 1) as u64);
+            let attempt = next_execution(&manifest, id, &entry)?;
+            // `attempt` is below `MAX_NEXT_ATTEMPT`: the number after it is one a manifest holds.
+            manifest.next_attempt.insert(id.clone(), attempt as u64 + 1);
             attempts.insert(id.clone(), attempt);
             entries.insert(id.as_str(), entry);
         }
@@ -2325,4 +2321,34 @@ fn state_name(state: PlanState) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default()
+}
+
+/// The execution number a reservation of rollout `id` hands out: the manifest's `next_attempt`,
+/// else the one after the latest attempt the run's files hold, else 0. Refused when the number
+/// after it could not be kept (hostile review 45: 2^64 - 1 wrapped to -1 and wrote a manifest
+/// this service then refused to read).
+fn next_execution(manifest: &RunManifest, id: &str, entry: &PlanEntry) -> Result<i64, OpError> {
+    let (attempt, from) = match manifest.next_attempt.get(id) {
+        Some(next) => (
+            i64::try_from(*next).ok(),
+            format!("next_attempt.{id} is {next}"),
+        ),
+        None => match entry.latest_attempt {
+            Some(latest) => (
+                latest.checked_add(1),
+                format!("its latest attempt is {latest}"),
+            ),
+            None => (Some(0), String::new()),
+        },
+    };
+    attempt
+        .filter(|attempt| (*attempt as u64) < recovery_core::manifest::MAX_NEXT_ATTEMPT)
+        .ok_or_else(|| {
+            RunFilesError::Inconsistent(format!(
+                "rollout {id} has no execution number left: {from}, and the largest this \
+                 service hands out is {}",
+                recovery_core::manifest::MAX_NEXT_ATTEMPT - 1
+            ))
+            .into()
+        })
 }

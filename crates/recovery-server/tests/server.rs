@@ -1362,6 +1362,76 @@ async fn run_with_reserved_attempts(app: &TestApp) -> (String, String) {
     (run_id, lease)
 }
 
+/// Execution numbers are signed 64-bit wherever they are handed out and recorded: a manifest's
+/// `next_attempt` past 2^63 - 1 is unreadable, and a reservation that would leave one there is
+/// refused with nothing written (hostile review 45: 2^64 - 1 was handed out as -1 and wrapped
+/// to 0 on disk, a manifest the service then refused to read).
+#[tokio::test]
+async fn a_reservation_past_the_largest_execution_number_is_refused_and_writes_nothing() {
+    let app = TestApp::new().await;
+    let (run_id, lease) = run_with_reserved_attempts(&app).await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let uri = format!("/runs/{run_id}/attempts/reserve");
+    let reserve = || {
+        app.call(
+            Method::POST,
+            &uri,
+            Some(COLLECTOR),
+            Some(json!({"lease_id": lease, "rollout_ids": ["1-0"]})),
+        )
+    };
+    let set_next = |next: u64| {
+        let mut manifest: Value =
+            serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest"))
+                .expect("json");
+        manifest["next_attempt"]["1-0"] = json!(next);
+        recovery_sidecar::atomic_write_json(&paths.manifest, &manifest, None).expect("edit");
+    };
+    let largest = i64::MAX as u64;
+    // The last number there is is handed out; the manifest then holds one a reader keeps.
+    set_next(largest - 1);
+    let reserved = reserve().await;
+    assert_eq!(
+        reserved.body["attempts"]["1-0"].as_i64(),
+        Some(i64::MAX - 1),
+        "{}",
+        reserved.body
+    );
+    let written: Value =
+        serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
+    assert_eq!(written["next_attempt"]["1-0"].as_u64(), Some(largest));
+    for (next, status, code) in [
+        (largest, StatusCode::CONFLICT, "run_files_invalid"),
+        (
+            largest + 1,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "manifest_unreadable",
+        ),
+        (
+            u64::MAX,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "manifest_unreadable",
+        ),
+    ] {
+        set_next(next);
+        let before = std::fs::read(&paths.manifest).expect("manifest");
+        let refused = reserve().await;
+        assert_eq!(
+            (refused.status, refused.body["code"].as_str()),
+            (status, Some(code)),
+            "{next}: {}",
+            refused.body
+        );
+        let message = refused.body["message"].as_str().unwrap_or("");
+        assert!(message.contains("next_attempt.1-0"), "{next}: {message}");
+        assert_eq!(
+            std::fs::read(&paths.manifest).expect("manifest"),
+            before,
+            "{next}: the manifest is untouched"
+        );
+    }
+}
+
 /// Reserves attempts, saves a masked result that kept an answer, and returns (run, lease).
 async fn run_with_masked_answer(app: &TestApp) -> (String, String) {
     let (run_id, lease) = run_with_reserved_attempts(app).await;

@@ -219,7 +219,13 @@ fn manifest_strategy() -> impl Strategy<Value = RunManifest> {
     (
         "\\PC{0,12}",
         "\\PC{0,8}",
-        prop::collection::vec(("\\PC{1,6}", 1u64..u64::MAX), 0..4),
+        prop::collection::vec(
+            (
+                "\\PC{1,6}",
+                1u64..=recovery_core::manifest::MAX_NEXT_ATTEMPT,
+            ),
+            0..4,
+        ),
         prop::option::of(1u64..100),
         prop::collection::vec(("\\PC{1,6}", rejudge), 0..3),
         any::<(bool, bool, bool)>(),
