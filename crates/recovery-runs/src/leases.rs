@@ -285,8 +285,8 @@ impl Leases {
     /// naming the directory.
     async fn take_locks(&self, request: &LeaseRequest) -> Result<RunLock, LeaseError> {
         self.refuse_shared_locks(request).await?;
-        let paths = request.lock_paths.clone();
-        let taken = tokio::task::spawn_blocking(move || RunLock::acquire(paths))
+        let (run_lock, paths) = (request.run_lock(), request.lock_paths.clone());
+        let taken = tokio::task::spawn_blocking(move || RunLock::acquire_for_run(run_lock, paths))
             .await
             .map_err(|e| LeaseError::Join(e.to_string()))?;
         match taken {

@@ -652,6 +652,8 @@ async fn a_section_that_finds_the_lease_lock_file_removed_takes_the_new_one_and_
     let paths = registry
         .paths_for(&root.path().join("m/out.jsonl"))
         .expect("paths");
+    // A run's directory exists (its manifest is there): a lease never makes it.
+    std::fs::create_dir_all(root.path().join("m")).expect("run directory");
     let lease = registry
         .leases()
         .acquire(&LeaseRequest {
@@ -826,6 +828,7 @@ async fn a_lease_whose_run_directory_was_removed_is_ended_at_the_start_and_nothi
     let store = sqlite_store(root.path()).await;
     let clock: Arc<SystemClock> = Arc::new(SystemClock);
     let run_dir = root.path().join("gone");
+    std::fs::create_dir_all(&run_dir).expect("run directory");
     let before = Leases::new(store.clone(), clock.clone(), "replica-a");
     before
         .acquire(&LeaseRequest {

@@ -445,6 +445,9 @@ fn lock_error(error: recovery_sidecar::LockError) -> ApiError {
         | recovery_sidecar::LockError::Moved(_)) => {
             ApiError::new(ErrorCode::PathRefused, refused.to_string())
         }
+        gone @ recovery_sidecar::LockError::DirectoryGone(_) => {
+            ApiError::new(ErrorCode::NoManifest, gone.to_string())
+        }
         io @ recovery_sidecar::LockError::Io { .. } => {
             ApiError::internal("opening the run's lock file", io)
         }

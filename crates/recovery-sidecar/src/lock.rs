@@ -24,6 +24,10 @@ pub enum LockError {
     /// first taken in (moved, removed, or replaced by a link to elsewhere).
     #[error("the directory of lock file {} is no longer the one its lock was taken in", .0.display())]
     Moved(PathBuf),
+    /// The lock file's directory does not exist, and is not made: the run's files were moved or
+    /// removed (a lock never brings a run's directory back where its files are gone).
+    #[error("the directory of lock file {} does not exist (the run's files were moved or removed)", .0.display())]
+    DirectoryGone(PathBuf),
     #[error("cannot open lock file {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -116,19 +120,42 @@ impl RunLock {
         Self::acquire_at(paths, Place::ExistingDirectory)
     }
 
+    /// A lease's locks: the run's own lock in its run's directory as it is (hostile review 45:
+    /// a lease of a run whose directory was moved away made the directory again, and the run
+    /// moved back landed inside it), the others (a checkpoint directory's) with their
+    /// directories created when missing.
+    pub fn acquire_for_run(
+        run_lock: PathBuf,
+        others: impl IntoIterator<Item = PathBuf>,
+    ) -> Result<Self, LockError> {
+        // The run's lock first: a repeat of it among `others` is dropped after the stable sort.
+        let others = others
+            .into_iter()
+            .map(|path| (path, Place::CreatingDirectories));
+        Self::acquire_placed(
+            std::iter::once((run_lock, Place::ExistingDirectory))
+                .chain(others)
+                .collect(),
+        )
+    }
+
     fn acquire_at(
         paths: impl IntoIterator<Item = PathBuf>,
         place: Place,
     ) -> Result<Self, LockError> {
-        let mut paths: Vec<PathBuf> = paths.into_iter().collect();
-        paths.sort();
-        paths.dedup();
+        Self::acquire_placed(paths.into_iter().map(|path| (path, place)).collect())
+    }
+
+    fn acquire_placed(mut paths: Vec<(PathBuf, Place)>) -> Result<Self, LockError> {
+        // Stable: of a path given twice, the first place given is kept.
+        paths.sort_by(|a, b| a.0.cmp(&b.0));
+        paths.dedup_by(|a, b| a.0 == b.0);
         // Built up in place, so a lock refused midway releases the ones taken (by `Drop`).
         let mut taken = Self {
             retired: Vec::new(),
             held: Vec::with_capacity(paths.len()),
         };
-        for path in paths {
+        for (path, place) in paths {
             taken.held.push(lock_file(path, place)?);
         }
         Ok(taken)
@@ -263,12 +290,17 @@ fn lock_file(path: PathBuf, place: Place) -> Result<Held, LockError> {
     if place == Place::CreatingDirectories {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let dir = rustix::fs::open(
+    let dir = match rustix::fs::open(
         parent,
         OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
         Mode::empty(),
-    )
-    .map_err(|e| io(e.into()))?;
+    ) {
+        Ok(dir) => dir,
+        Err(e) if e == rustix::io::Errno::NOENT && place != Place::CreatingDirectories => {
+            return Err(LockError::DirectoryGone(path));
+        }
+        Err(e) => return Err(io(e.into())),
+    };
     let stat = rustix::fs::fstat(&dir).map_err(|e| io(e.into()))?;
     let opened_in = (stat.st_dev, stat.st_ino);
     if matches!(place, Place::Directory(first) if first != opened_in) {

@@ -132,6 +132,7 @@ async fn lease_request(
 #[utoipa::path(post, path = "/runs/{run_id}/lease", tag = "leases", request_body = AcquireRequest,
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 201, body = LeaseGranted), (status = 423, description = "Held by another client, or locked by another process", body = ApiErrorBody),
+        (status = 409, description = "run_superseded, or no_manifest: the run's directory was moved or removed (it is not made again)", body = ApiErrorBody),
         (status = 404, body = ApiErrorBody), (status = 422, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn acquire(
     State(state): State<AppState>,
@@ -336,6 +337,7 @@ pub struct TakeoverRequest {
 #[utoipa::path(post, path = "/runs/{run_id}/lease/takeover", tag = "leases", request_body = TakeoverRequest,
     params(("run_id" = String, Path, description = "Run id")),
     responses((status = 201, body = LeaseGranted), (status = 423, description = "Another process holds the lock", body = ApiErrorBody),
+        (status = 409, description = "run_superseded, or no_manifest: the run's directory was moved or removed (it is not made again)", body = ApiErrorBody),
         (status = 403, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn takeover(
     State(state): State<AppState>,

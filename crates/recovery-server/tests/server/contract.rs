@@ -1451,6 +1451,49 @@ async fn a_lock_file_that_cannot_be_a_file_is_refused_as_a_path_never_run_locked
     }
 }
 
+/// A lease, or a takeover, of a run whose directory was moved away is refused `no_manifest`
+/// and makes nothing: no directory, no lock file (hostile review 45: the acquire answered 201
+/// and made the directory again, so the run moved back with `mv` landed inside it). Moved
+/// back, the run is leased as before.
+#[tokio::test]
+async fn a_lease_of_a_run_whose_directory_was_moved_away_makes_nothing() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let dir = app.output().parent().expect("dir").to_owned();
+    let aside = app.root.join("moved-away");
+    std::fs::rename(&dir, &aside).expect("move the run away");
+    let acquire = json!({"holder": "c2", "host": "h", "pid": 1});
+    let takeover = json!({"holder": "c2", "host": "h", "pid": 1, "reason": "moved"});
+    for (uri, token, body) in [
+        (format!("/runs/{run_id}/lease"), COLLECTOR, acquire.clone()),
+        (format!("/runs/{run_id}/lease/takeover"), OPERATOR, takeover),
+    ] {
+        let reply = app.call(Method::POST, &uri, Some(token), Some(body)).await;
+        assert_code(&reply, StatusCode::CONFLICT, "no_manifest");
+        assert!(
+            !dir.exists(),
+            "{uri}: the run's directory is not made again"
+        );
+    }
+    std::fs::rename(&aside, &dir).expect("move the run back");
+    let reply = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/lease"),
+            Some(COLLECTOR),
+            Some(acquire),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    assert!(
+        app.output()
+            .parent()
+            .expect("dir")
+            .join("out_manifest.json")
+            .is_file()
+    );
+}
+
 /// An output that is another name (a hard link) of another run's output is refused before
 /// anything is written: the two runs would append to one file.
 #[tokio::test]
