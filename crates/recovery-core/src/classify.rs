@@ -117,7 +117,7 @@ fn classify_chunk(
     };
     for raw in chunk.split_inclusive(|&b| b == b'\n') {
         result.lines += 1;
-        if raw.iter().all(u8::is_ascii_whitespace) {
+        if crate::rows::is_blank(raw) {
             continue;
         }
         match RowFacts::from_line(raw) {

@@ -126,7 +126,7 @@ impl ApprovalJournal {
         let mut journal = Self::default();
         let mut ids = std::collections::HashSet::new();
         for (number, line) in (1u64..).zip(lines) {
-            if line.iter().all(u8::is_ascii_whitespace) {
+            if crate::rows::is_blank(line) {
                 continue;
             }
             match ApprovalLine::parse(line) {

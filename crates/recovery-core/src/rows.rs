@@ -11,6 +11,16 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::sync::LazyLock;
 
+/// Whether Python's `bytes.strip()` leaves nothing of `line`: every byte is ASCII whitespace as
+/// Python counts it (space, `\t`, `\n`, `\r`, `\x0b`, `\x0c`). Rust's `u8::is_ascii_whitespace`
+/// leaves out `\x0b` (hostile review 45: a line of one vertical tab stopped the plan, where the
+/// module skips it). The rule of every binary JSONL reader here: outcome files, journals,
+/// classify batches.
+pub fn is_blank(line: &[u8]) -> bool {
+    line.iter()
+        .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c'))
+}
+
 pub const TASK_INDEX_KEY: &str = "_ng_task_index";
 pub const ROLLOUT_INDEX_KEY: &str = "_ng_rollout_index";
 pub const ATTEMPT_INDEX_KEY: &str = "_ng_attempt_index";
@@ -183,7 +193,7 @@ pub fn scan_jsonl<E: std::error::Error + 'static>(
         let offset = summary.bytes;
         summary.bytes += read as u64;
         let terminated = line.last() == Some(&b'\n');
-        if line.iter().all(u8::is_ascii_whitespace) {
+        if is_blank(&line) {
             continue;
         }
         match parse_line(&line) {

@@ -290,6 +290,11 @@ pub struct RunPlan<'a> {
 pub enum OutcomeRefusal {
     #[error("line: not one JSONL line (it holds a line end before its last byte)")]
     NotOneLine,
+    /// Nothing but whitespace as Python's `bytes.strip()` sees it: a line every reader skips.
+    #[error(
+        "line: blank (whitespace only): every reader of the run's files skips it, so it saves no outcome"
+    )]
+    Blank,
     #[error("line: Malformed JSON: {0}")]
     Malformed(String),
     #[error("line: a saved outcome must be a JSON object")]
@@ -304,6 +309,7 @@ impl OutcomeRefusal {
     pub fn reason(&self) -> &'static str {
         match self {
             Self::NotOneLine => "not_one_line",
+            Self::Blank => "blank_line",
             Self::Malformed(_) => "malformed_json",
             Self::NotAnObject => "not_an_object",
             Self::Refused(error) => error.reason(),
@@ -365,6 +371,9 @@ impl RunPlan<'_> {
         let line = line.strip_suffix(b"\n").unwrap_or(line);
         if line.contains(&b'\n') {
             return Err(OutcomeRefusal::NotOneLine);
+        }
+        if recovery_core::rows::is_blank(line) {
+            return Err(OutcomeRefusal::Blank);
         }
         let row = OutcomeRow::parse(
             line,

@@ -1120,7 +1120,11 @@ impl Registry {
         self.mark_used_approvals(&paths, &manifest, inserted)
             .await?;
         let mut records = Vec::with_capacity(extensions.len());
+        // Blank lines are no lines (`recovery_core::rows::is_blank`), in every journal.
         for (offset, bytes) in &extensions {
+            if recovery_core::rows::is_blank(bytes) {
+                continue;
+            }
             match serde_json::from_slice::<ExtensionLine>(bytes) {
                 Ok(line) => {
                     let id = line_id(&run_id, EXTENSION_JOURNAL, *offset, bytes);
@@ -1139,6 +1143,9 @@ impl Registry {
         self.advance_mark(&paths.attempt_extension, extension_mark, end)
             .await?;
         for (number, line) in offsets.iter().enumerate() {
+            if recovery_core::rows::is_blank(line) {
+                continue;
+            }
             match std::str::from_utf8(line)
                 .ok()
                 .and_then(|t| t.trim().parse::<i64>().ok())
@@ -1390,9 +1397,12 @@ fn drift_line_event(run_id: &str, offset: u64, bytes: &[u8]) -> Result<DriftEven
 fn parse_drift_lines(
     run_id: &str,
     path: &Path,
-    lines: Vec<(u64, Vec<u8>)>,
+    mut lines: Vec<(u64, Vec<u8>)>,
     threads: usize,
 ) -> (Vec<(u64, DriftEvent)>, Vec<Unreadable>) {
+    // Blank lines are no lines, as in every JSONL file (hostile review 45: an empty line was
+    // reported unreadable with the parser's "EOF while parsing a value").
+    lines.retain(|(_, bytes)| !recovery_core::rows::is_blank(bytes));
     let parse = |part: &[(u64, Vec<u8>)]| -> Vec<Result<(u64, DriftEvent), (String, String)>> {
         part.iter()
             .map(|(offset, bytes)| {

@@ -1517,6 +1517,8 @@ async fn an_outcome_line_is_checked_by_the_rules_the_plan_reads_saved_lines_with
         ("[1]".to_owned(), Err("not_an_object")),
         ("{}".to_owned(), Err("no_identity")),
         (format!("{saved}\n{saved}"), Err("not_one_line")),
+        (String::new(), Err("blank_line")),
+        ("\u{0b}\t \n".to_owned(), Err("blank_line")),
     ];
     let snapshot =
         || [&paths.output, &paths.failures, &paths.manifest].map(|p| std::fs::read(p).ok());

@@ -58,7 +58,7 @@ fn parse_chunk<T>(chunk: &[u8], parse: impl Fn(&[u8]) -> Result<Option<T>, Strin
             parsed.terminated_lines = line;
             parsed.terminated_bytes = offset;
         }
-        if raw.iter().all(u8::is_ascii_whitespace) {
+        if crate::rows::is_blank(raw) {
             continue;
         }
         match parse(raw) {

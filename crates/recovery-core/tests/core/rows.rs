@@ -111,3 +111,52 @@ fn a_refused_line_is_placed_by_its_column_or_its_end() {
         );
     }
 }
+
+/// Hostile review 45: a saved line of one vertical tab stopped the plan, where the module
+/// (binary reading, `bytes.strip()`) skips it. Every one-byte line, and the two-byte UTF-8 of a
+/// no-break space, is blank here exactly when CPython's `bytes.strip()` leaves nothing; and a
+/// JSONL file holding each blank line CPython skips reads as its one record.
+#[test]
+fn a_line_is_blank_exactly_when_python_bytes_strip_leaves_nothing() {
+    let mut lines: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+    lines.push("\u{a0}".as_bytes().to_vec());
+    lines.push(b" \x0b\t\x0c\r ".to_vec());
+    let input: Vec<u8> = lines
+        .iter()
+        .flat_map(|line| {
+            let mut hex = line
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+                .into_bytes();
+            hex.push(b'\n');
+            hex
+        })
+        .collect();
+    let python = crate::support::python(
+        "import sys\nfor l in sys.stdin.read().split():\n    print(int(not bytes.fromhex(l).strip()))",
+        &input,
+    );
+    let python: Vec<bool> = String::from_utf8(python)
+        .expect("utf8")
+        .lines()
+        .map(|l| l == "1")
+        .collect();
+    assert_eq!(python.len(), lines.len());
+    for (line, python_blank) in lines.iter().zip(&python) {
+        assert_eq!(
+            recovery_core::rows::is_blank(line),
+            *python_blank,
+            "{line:?}"
+        );
+    }
+    let blank: Vec<u8> = lines
+        .iter()
+        .zip(&python)
+        .filter(|(_, blank)| **blank)
+        .flat_map(|(line, _)| line.iter().copied().chain([b'\n']))
+        .collect();
+    let file = [blank.as_slice(), b"{\"a\":1}\n"].concat();
+    let (records, _) = read_jsonl(file.as_slice(), "out.jsonl").expect("blank lines skipped");
+    assert_eq!(records.len(), 1);
+}

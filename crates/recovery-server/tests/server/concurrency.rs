@@ -1489,13 +1489,17 @@ async fn an_expired_lease_frees_the_run_lock_the_moment_it_is_reported() {
     );
 }
 
+/// Blank lines as `bytes.strip()` sees them (an empty one, a vertical tab: hostile review 45,
+/// an empty drift line was reported unreadable and a vertical-tab results line stopped the
+/// plan) are skipped in every file a collector writes.
 #[tokio::test]
 async fn journal_lines_written_by_python_collectors_are_indexed_on_demand() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
     let manifest = saved_manifest(&app);
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
-    let script = "import json, sys\nrun_id, digest, drift, extension = sys.argv[1:]\nwith open(drift, 'a') as f:\n    f.write(json.dumps({'at': '2026-11-29T10:00:00.000000Z', 'run_id': run_id, 'saved_config_digest': digest, 'current_config_digest': 'c' * 64, 'operational_keys': ['collection.timeout_s']}) + '\\n')\nwith open(extension, 'a') as f:\n    f.write(json.dumps({'at': '2026-11-29T10:00:01Z', 'extend_attempts': 2, 'by': 'ops', 'reason': 'outage'}) + '\\n')\n";
+    std::fs::write(&paths.output, "\x0b\n\n").expect("blank results lines");
+    let script = "import json, sys\nrun_id, digest, drift, extension = sys.argv[1:]\nwith open(drift, 'a') as f:\n    f.write('\\n\\x0b\\n')\n    f.write(json.dumps({'at': '2026-11-29T10:00:00.000000Z', 'run_id': run_id, 'saved_config_digest': digest, 'current_config_digest': 'c' * 64, 'operational_keys': ['collection.timeout_s']}) + '\\n')\nwith open(extension, 'a') as f:\n    f.write('\\x0b\\n')\n    f.write(json.dumps({'at': '2026-11-29T10:00:01Z', 'extend_attempts': 2, 'by': 'ops', 'reason': 'outage'}) + '\\n')\n";
     let status = Command::new("python3")
         .args(["-c", script, &run_id, &manifest.config_digest])
         .arg(&paths.resume_drift)
@@ -1538,6 +1542,15 @@ async fn journal_lines_written_by_python_collectors_are_indexed_on_demand() {
             .expect("rows");
         assert_eq!(extensions.len(), 1, "round {round}");
     }
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(plan.status, StatusCode::OK, "{}", plan.body);
     let viewer = app
         .call(Method::POST, "/reindex", Some(VIEWER), Some(json!({})))
         .await;
