@@ -228,7 +228,56 @@ impl AppState {
             .get_run(run_id)
             .await?
             .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
+        let output = std::path::Path::new(&run.output_path);
         if let Some(successor) = &run.superseded_by {
+            if let Ok(paths) = self.registry.paths_for(output)
+                && self.owns_its_output_again(run_id, &paths).await?
+            {
+                return self.readopted(run_id, &paths).await;
+            }
+            let owner = self.registry.store().current_owner(successor).await?;
+            return Err(ApiError::superseded(run_id, &owner));
+        }
+        let paths = self.registry.paths_for(output)?;
+        Ok((run, paths))
+    }
+
+    /// Whether the manifest at the output of a run recorded as superseded names that run again
+    /// (its manifest was restored, or a takeover by hand undone): the files are the truth, and
+    /// the record is an index of them (hostile review 45: the restored run answered
+    /// `run_superseded` until something re-read its files).
+    async fn owns_its_output_again(
+        &self,
+        run_id: &str,
+        paths: &recovery_sidecar::SidecarPaths,
+    ) -> ApiResult<bool> {
+        let manifest = paths.manifest.clone();
+        let owner = self
+            .blocking(move || {
+                Ok(recovery_sidecar::read_regular(&manifest)
+                    .ok()
+                    .and_then(|bytes| recovery_core::manifest::RunManifest::run_id_of(&bytes)))
+            })
+            .await?;
+        Ok(owner.as_deref() == Some(run_id))
+    }
+
+    /// A superseded run whose manifest names it again, indexed from its files (it takes its
+    /// output back; the run recorded there is superseded by it) and looked up anew.
+    async fn readopted(
+        &self,
+        run_id: &str,
+        paths: &recovery_sidecar::SidecarPaths,
+    ) -> ApiResult<(RunRecord, SidecarPaths)> {
+        self.registry.adopt(&paths.output).await?;
+        let run = self
+            .registry
+            .store()
+            .get_run(run_id)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
+        if let Some(successor) = &run.superseded_by {
+            // Taken over again meanwhile.
             let owner = self.registry.store().current_owner(successor).await?;
             return Err(ApiError::superseded(run_id, &owner));
         }

@@ -3015,6 +3015,63 @@ async fn concurrent_acquires_grant_and_audit_one_lease_and_its_release() {
     );
 }
 
+/// A run whose output another manifest took (a collector's fresh start) and whose own manifest
+/// is then restored takes its output back at its next lookup, however many ask at once: the
+/// files are the truth (hostile review 45: it answered `run_superseded`, naming the run its
+/// files no longer knew, until something re-read the files).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_whose_manifest_is_restored_takes_its_output_back_at_its_next_lookup() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let original = std::fs::read(&paths.manifest).expect("manifest");
+    let other = "0123456789abcdef0123456789abcdef";
+    let taken = String::from_utf8(original.clone())
+        .expect("utf8")
+        .replace(&run_id, other);
+    std::fs::write(&paths.manifest, taken).expect("another run's manifest");
+    let superseded = app
+        .call(Method::GET, &format!("/runs/{run_id}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        (
+            superseded.status,
+            superseded.body["details"]["superseded_by"].as_str()
+        ),
+        (StatusCode::CONFLICT, Some(other)),
+        "{}",
+        superseded.body
+    );
+    std::fs::write(&paths.manifest, &original).expect("restored");
+    let lookups: Vec<_> = (0..12)
+        .map(|n| {
+            let state = app.state.clone();
+            let uri = match n % 3 {
+                0 => format!("/runs/{run_id}"),
+                1 => format!("/runs/{run_id}/plan"),
+                _ => format!("/runs/{run_id}/approvals"),
+            };
+            tokio::spawn(async move { send(state, Method::GET, &uri, Some(VIEWER), None).await })
+        })
+        .collect();
+    for lookup in lookups {
+        let reply = lookup.await.expect("lookup");
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    }
+    let replaced = app
+        .call(Method::GET, &format!("/runs/{other}"), Some(VIEWER), None)
+        .await;
+    assert_eq!(
+        (
+            replaced.status,
+            replaced.body["details"]["superseded_by"].as_str()
+        ),
+        (StatusCode::CONFLICT, Some(run_id.as_str())),
+        "{}",
+        replaced.body
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_validates_of_a_superseded_run_are_each_refused_and_recorded_once() {
     let app = TestApp::new().await;
