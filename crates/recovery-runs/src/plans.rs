@@ -624,9 +624,20 @@ pub fn legacy_manifest(paths: &SidecarPaths, run_id: &str) -> Result<RunManifest
         &measured,
     )?;
     for (rollout, newest) in indexed.index.newest_attempts() {
-        manifest
-            .next_attempt
-            .insert(rollout.to_owned(), u64::try_from(newest).unwrap_or(0) + 1);
+        // A manifest keeps execution numbers up to `MAX_NEXT_ATTEMPT`: one it could not read
+        // back is never written (hostile review 46: an attempt 2^63 - 1 imported as 2^63).
+        let next = u64::try_from(newest)
+            .unwrap_or(0)
+            .checked_add(1)
+            .filter(|next| *next <= recovery_core::manifest::MAX_NEXT_ATTEMPT)
+            .ok_or_else(|| {
+                RunFilesError::Inconsistent(format!(
+                    "rollout {rollout}: its latest saved attempt {newest} leaves no execution number \
+                     after it (the largest a manifest keeps is {})",
+                    recovery_core::manifest::MAX_NEXT_ATTEMPT
+                ))
+            })?;
+        manifest.next_attempt.insert(rollout.to_owned(), next);
     }
     Ok(manifest)
 }

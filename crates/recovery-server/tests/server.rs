@@ -3603,6 +3603,51 @@ async fn item_4_scenario_30_load_time_checks_refuse_plan_reserve_and_validate_of
     assert_eq!(reused.body["outcome"], "reuse", "{}", reused.body);
 }
 
+/// A legacy import never writes a manifest it could not read back: a saved attempt whose next
+/// number is past the largest a manifest keeps is refused, and nothing is written (hostile
+/// review 46: attempt 2^63 - 1 was imported as `next_attempt` 2^63, and the run answered only
+/// `manifest_unreadable` from then on).
+#[tokio::test]
+async fn a_legacy_import_of_an_attempt_with_no_number_after_it_is_refused_and_writes_nothing() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    std::fs::remove_file(&paths.manifest).expect("the manifest is lost");
+    std::fs::remove_file(&paths.identity).expect("and its identity");
+    std::fs::write(
+        &paths.failures,
+        format!(
+            "{{\"_ng_task_index\": 0, \"_ng_rollout_index\": 0, \"_ng_attempt_index\": {}, \"_ng_failure_class\": \"transport_peer_drop\"}}\n",
+            i64::MAX
+        ),
+    )
+    .expect("failures");
+    let mut unsafe_body = app.validate_body(0.3, 8000);
+    unsafe_body["allow_unsafe"] = json!(true);
+    let refused = app
+        .call(
+            Method::POST,
+            &format!("/runs/{run_id}/validate"),
+            Some(COLLECTOR),
+            Some(unsafe_body),
+        )
+        .await;
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("run_files_invalid")),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("rollout 0-0")),
+        "{}",
+        refused.body
+    );
+    assert!(!paths.manifest.exists(), "a refusal writes nothing");
+}
+
 /// Issue 9, item 5 (facts §11.6, scenario 26): saved outcomes without a manifest, resumed with
 /// `allow_unsafe`, get the legacy manifest (`legacy_import`, unverified digests, attempts
 /// numbered from the saved rows); outcomes that name a run lost their manifest and are refused.

@@ -664,12 +664,14 @@ impl RunIndex {
             // payload differs moves past what this rollout has seen.
             let count = self.rollouts[position].legacy_count;
             let mut attempt = explicit.unwrap_or(count);
+            // Saturating: an attempt at `i64::MAX` has no number after it, and a legacy import
+            // of it is refused (`recovery_runs::plans::legacy_manifest`), never wrapped.
             if let Some(previous) = self.outcome_of(position, attempt)
                 && !self.same_payload(previous, artifact, at, source)?
             {
-                attempt = count.max(attempt + 1);
+                attempt = count.max(attempt.saturating_add(1));
             }
-            legacy_count = Some(count.max(attempt + 1));
+            legacy_count = Some(count.max(attempt.saturating_add(1)));
             attempt
         } else {
             explicit.unwrap_or(0)
@@ -1092,7 +1094,7 @@ impl<'a> PlanView<'a> {
         };
         let counted = index.failure_count(position);
         let next = reserved.map_or_else(
-            || latest.map_or(0, |l| l + 1),
+            || latest.map_or(0, |l| l.saturating_add(1)),
             |n| i64::try_from(n).unwrap_or(i64::MAX),
         );
         let outcome = latest
