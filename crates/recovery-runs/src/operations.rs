@@ -1621,13 +1621,16 @@ async fn refuse_unterminated_approval(paths: &SidecarPaths) -> Result<(), OpErro
         })
     })
     .await?;
-    if tail == 0 {
+    // A blank tail is cut off by the append and can approve nothing (hostile review 46, N7:
+    // it was refused with advice to end it "to make it an approval").
+    if recovery_core::rows::is_blank(&tail) {
         return Ok(());
     }
     Err(OpError::Files(RunFilesError::Inconsistent(format!(
-        "the approvals journal {} ends with an unterminated line ({tail} bytes) that approves nothing: \
+        "the approvals journal {} ends with an unterminated line ({} bytes) that approves nothing: \
          end it with a newline to make it an approval, or remove it, then approve again",
-        paths.rerun_masked.display()
+        paths.rerun_masked.display(),
+        tail.len()
     ))))
 }
 

@@ -2292,6 +2292,27 @@ async fn an_approval_is_refused_while_the_journal_ends_with_an_unterminated_line
     std::fs::write(&paths.rerun_masked, format!("{torn}\n")).expect("ended by hand");
     let listed = app.call(Method::GET, &uri, Some(VIEWER), None).await;
     assert_eq!(listed.body[0]["approval_id"], "torn-1", "{}", listed.body);
+    // A blank unterminated tail can approve nothing: the append cuts it off (hostile review
+    // 46, N7: it was refused too).
+    let revoked = app
+        .call(
+            Method::DELETE,
+            &format!("{uri}/torn-1"),
+            Some(OPERATOR),
+            None,
+        )
+        .await;
+    assert_eq!(revoked.status, StatusCode::NO_CONTENT, "{}", revoked.body);
+    std::fs::write(&paths.rerun_masked, " \t\x0b").expect("blank tail");
+    let granted = app
+        .call(Method::POST, &uri, Some(OPERATOR), Some(approve))
+        .await;
+    assert_eq!(granted.status, StatusCode::CREATED, "{}", granted.body);
+    let journal = std::fs::read_to_string(&paths.rerun_masked).expect("journal");
+    assert!(
+        journal.ends_with('\n') && !journal.contains('\x0b') && journal.lines().count() == 1,
+        "{journal:?}"
+    );
 }
 
 /// Whether an approval was used is read from the run's files: an attempt reserved after the

@@ -114,17 +114,21 @@ fn tail_start(file: &mut File, end: u64) -> std::io::Result<u64> {
     Ok(0)
 }
 
-/// How many bytes follow the journal's last newline (0 for a missing or empty file, or one
+/// The bytes that follow the journal's last newline (none for a missing or empty file, or one
 /// that ends with a newline): an unterminated line, which [`prepare_append`] would end or
 /// remove at the next append.
-pub fn unterminated_tail(path: &Path) -> std::io::Result<u64> {
+pub fn unterminated_tail(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut file = match crate::files::open_regular(path) {
         Ok(file) => file,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
     let end = file.seek(SeekFrom::End(0))?;
-    Ok(end - tail_start(&mut file, end)?)
+    let start = tail_start(&mut file, end)?;
+    let mut tail = Vec::with_capacity((end - start) as usize);
+    file.seek(SeekFrom::Start(start))?;
+    file.take(end - start).read_to_end(&mut tail)?;
+    Ok(tail)
 }
 
 /// A non-JSON line-based journal's complete entry (a decimal integer, as the resubmit offset).
