@@ -1400,17 +1400,44 @@ async fn a_reservation_past_the_largest_execution_number_is_refused_and_writes_n
     let written: Value =
         serde_json::from_slice(&std::fs::read(&paths.manifest).expect("manifest")).expect("json");
     assert_eq!(written["next_attempt"]["1-0"].as_u64(), Some(largest));
-    for (next, status, code) in [
-        (largest, StatusCode::CONFLICT, "run_files_invalid"),
+    // No number is left for it: the plan offers none (hostile review 46, N6).
+    let plan = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let entry = plan.body["entries"]
+        .as_array()
+        .and_then(|entries| entries.iter().find(|e| e["rollout_id"] == "1-0"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_eq!(
+        (entry["state"].as_str(), entry["next_attempt"].as_i64()),
+        (Some("exhausted"), None),
+        "{}",
+        plan.body
+    );
+    for (next, status, code, named) in [
+        (
+            largest,
+            StatusCode::CONFLICT,
+            "not_eligible",
+            "no execution number is left",
+        ),
         (
             largest + 1,
             StatusCode::UNPROCESSABLE_ENTITY,
             "manifest_unreadable",
+            "next_attempt.1-0",
         ),
         (
             u64::MAX,
             StatusCode::UNPROCESSABLE_ENTITY,
             "manifest_unreadable",
+            "next_attempt.1-0",
         ),
     ] {
         set_next(next);
@@ -1422,8 +1449,11 @@ async fn a_reservation_past_the_largest_execution_number_is_refused_and_writes_n
             "{next}: {}",
             refused.body
         );
-        let message = refused.body["message"].as_str().unwrap_or("");
-        assert!(message.contains("next_attempt.1-0"), "{next}: {message}");
+        assert!(
+            refused.body.to_string().contains(named),
+            "{next}: {}",
+            refused.body
+        );
         assert_eq!(
             std::fs::read(&paths.manifest).expect("manifest"),
             before,

@@ -1100,8 +1100,11 @@ impl<'a> PlanView<'a> {
         let outcome = latest
             .and_then(|l| index.outcome_of(position, l))
             .map(|o| &index.outcomes[o]);
+        // A rollout at the last execution number a manifest keeps has none to run again
+        // (reserve refuses it; hostile review 46, N6: the plan offered it).
+        let numbers_left = next < i64::MAX;
         let within_budget = |state_if_ok: PlanState| {
-            if counted < self.cap {
+            if counted < self.cap && numbers_left {
                 state_if_ok
             } else {
                 PlanState::Exhausted
@@ -1147,6 +1150,11 @@ impl<'a> PlanView<'a> {
             PlanState::Missing => {
                 "the latest reserved attempt saved no outcome: resume runs it again".to_owned()
             }
+            PlanState::Exhausted if decided.next == i64::MAX => format!(
+                "no execution number is left after attempt {} (the largest a manifest keeps is {})",
+                decided.next - 1,
+                i64::MAX
+            ),
             PlanState::Exhausted if outcome.is_none() => {
                 "the latest reserved attempt saved no outcome: resume runs it again".to_owned()
             }

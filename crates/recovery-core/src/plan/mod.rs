@@ -193,7 +193,9 @@ pub enum PlanError {
         line: u64,
         rollout: String,
     },
-    #[error("{artifact} line {line}: attempt indices must be non-negative integers.")]
+    #[error(
+        "{artifact} line {line}: attempt indices must be integers from 0 to 2^63 - 1 (9223372036854775807)."
+    )]
     BadAttempt { artifact: Artifact, line: u64 },
     #[error("{artifact} line {line}: rollout '{rollout}' has mismatched {field}.")]
     MismatchedIndex {
