@@ -122,13 +122,33 @@ impl Confinement {
         // prefix up instead of failing.
         let mut existing = absolute.clone();
         let mut missing: Vec<OsString> = Vec::new();
+        // Times a name that was missing to `canonicalize` is found again as something else
+        // than a link (created meanwhile: a replacement writing the output anew) and resolved
+        // again; bounded, so two readings that keep disagreeing end.
+        let mut reappeared = 0;
         let mut resolved = loop {
             match std::fs::canonicalize(&existing) {
                 Ok(resolved) => break resolved,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // A link to nothing would be followed by the file's creation, to anywhere.
-                    if std::fs::symlink_metadata(&existing).is_ok() {
-                        return Err(PathError::DanglingSymlink(requested.to_owned()));
+                    match std::fs::symlink_metadata(&existing) {
+                        // A link to nothing would be followed by the file's creation, to
+                        // anywhere.
+                        Ok(found) if found.file_type().is_symlink() => {
+                            return Err(PathError::DanglingSymlink(requested.to_owned()));
+                        }
+                        // Gone between the two readings and back (the concurrency test of
+                        // plans beside replacements caught it called a link to nothing).
+                        Ok(_) if reappeared < 3 => {
+                            reappeared += 1;
+                            continue;
+                        }
+                        Ok(_) => {
+                            return Err(PathError::Unresolvable {
+                                path: requested.to_owned(),
+                                source: e,
+                            });
+                        }
+                        Err(_) => {}
                     }
                     let Some(name) = existing.file_name().map(OsString::from) else {
                         return Err(PathError::Unresolvable {
