@@ -6,6 +6,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use recovery_runs::{Leases, LockedRun, Registry};
 use recovery_sidecar::SidecarPaths;
 use recovery_store::RunRecord;
+use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 /// Request bodies up to this size are parsed on the async worker that received them: reading
@@ -222,69 +223,58 @@ impl AppState {
     }
 
     pub async fn run(&self, run_id: &str) -> ApiResult<(RunRecord, SidecarPaths)> {
-        let run = self
-            .registry
-            .store()
-            .get_run(run_id)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
-        let output = std::path::Path::new(&run.output_path);
+        let run = self.record(run_id).await?;
         if let Some(successor) = &run.superseded_by {
-            if let Ok(paths) = self.registry.paths_for(output)
-                && self.owns_its_output_again(run_id, &paths).await?
+            // The files are the truth: a run whose manifest names it again (restored, or a
+            // takeover by hand undone) takes its output back, indexed from its files and looked
+            // up anew (hostile review 45: it answered `run_superseded` until something re-read
+            // its files). Only once: an adoption that leaves it superseded (taken over again
+            // meanwhile, or refused) answers so.
+            if let Ok(paths) = self.registry.paths_for(Path::new(&run.output_path))
+                && self.owner_on_disk(&paths).await?.as_deref() == Some(run_id)
             {
-                return self.readopted(run_id, &paths).await;
+                self.registry.adopt(&paths.output).await?;
+                let run = self.record(run_id).await?;
+                return match &run.superseded_by {
+                    Some(successor) => Err(self.superseded(run_id, successor).await?),
+                    None => {
+                        let paths = self.registry.paths_for(Path::new(&run.output_path))?;
+                        Ok((run, paths))
+                    }
+                };
             }
-            let owner = self.registry.store().current_owner(successor).await?;
-            return Err(ApiError::superseded(run_id, &owner));
+            return Err(self.superseded(run_id, successor).await?);
         }
-        let paths = self.registry.paths_for(output)?;
+        let paths = self.registry.paths_for(Path::new(&run.output_path))?;
         Ok((run, paths))
     }
 
-    /// Whether the manifest at the output of a run recorded as superseded names that run again
-    /// (its manifest was restored, or a takeover by hand undone): the files are the truth, and
-    /// the record is an index of them (hostile review 45: the restored run answered
-    /// `run_superseded` until something re-read its files).
-    async fn owns_its_output_again(
-        &self,
-        run_id: &str,
-        paths: &recovery_sidecar::SidecarPaths,
-    ) -> ApiResult<bool> {
-        let manifest = paths.manifest.clone();
-        let owner = self
-            .blocking(move || {
-                Ok(recovery_sidecar::read_regular(&manifest)
-                    .ok()
-                    .and_then(|bytes| recovery_core::manifest::RunManifest::run_id_of(&bytes)))
-            })
-            .await?;
-        Ok(owner.as_deref() == Some(run_id))
-    }
-
-    /// A superseded run whose manifest names it again, indexed from its files (it takes its
-    /// output back; the run recorded there is superseded by it) and looked up anew.
-    async fn readopted(
-        &self,
-        run_id: &str,
-        paths: &recovery_sidecar::SidecarPaths,
-    ) -> ApiResult<(RunRecord, SidecarPaths)> {
-        self.registry.adopt(&paths.output).await?;
-        let run = self
-            .registry
+    /// The database's record of `run_id`, or 404.
+    async fn record(&self, run_id: &str) -> ApiResult<RunRecord> {
+        self.registry
             .store()
             .get_run(run_id)
             .await?
-            .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))?;
-        if let Some(successor) = &run.superseded_by {
-            // Taken over again meanwhile.
-            let owner = self.registry.store().current_owner(successor).await?;
-            return Err(ApiError::superseded(run_id, &owner));
-        }
-        let paths = self
-            .registry
-            .paths_for(std::path::Path::new(&run.output_path))?;
-        Ok((run, paths))
+            .ok_or_else(|| ApiError::not_found(format!("no run {run_id}")))
+    }
+
+    /// `run_superseded` for `run_id`, naming the run that owns its output now (the end of the
+    /// chain from its `successor`).
+    async fn superseded(&self, run_id: &str, successor: &str) -> ApiResult<ApiError> {
+        let owner = self.registry.store().current_owner(successor).await?;
+        Ok(ApiError::superseded(run_id, &owner))
+    }
+
+    /// The run the manifest at `paths` names, read off the async workers; only the owner is
+    /// read (a large run's manifest is megabytes). `None` when there is no readable one.
+    async fn owner_on_disk(&self, paths: &SidecarPaths) -> ApiResult<Option<String>> {
+        let manifest = paths.manifest.clone();
+        self.blocking(move || {
+            Ok(recovery_sidecar::read_regular(&manifest)
+                .ok()
+                .and_then(|bytes| recovery_core::manifest::RunManifest::run_id_of(&bytes)))
+        })
+        .await
     }
 
     /// [`Self::run`] for readers of the run's files, held still while [`ReadingRun`] lives:
@@ -313,16 +303,7 @@ impl AppState {
         } else {
             (run, paths)
         };
-        let manifest = paths.manifest.clone();
-        let owner = self
-            .blocking(move || {
-                // Only the owner is read here (a large run's manifest is megabytes).
-                Ok(recovery_sidecar::read_regular(&manifest)
-                    .ok()
-                    .and_then(|bytes| recovery_core::manifest::RunManifest::run_id_of(&bytes)))
-            })
-            .await?;
-        match owner {
+        match self.owner_on_disk(&paths).await? {
             Some(owner) if owner != run_id => {
                 drop(section);
                 self.registry.adopt(&paths.output).await?;
