@@ -81,10 +81,7 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
     if last[0] == b'\n' {
         return Ok(TailRepair::Clean);
     }
-    let start = tail_start(&mut file, end)?;
-    let mut tail = vec![0u8; (end - start) as usize];
-    file.seek(SeekFrom::Start(start))?;
-    file.read_exact(&mut tail)?;
+    let (start, tail) = read_tail(&mut file, end)?;
     let repair = if recovery_core::rows::parse_line(&tail).is_ok() || is_plain_line(&tail) {
         file.seek(SeekFrom::End(0))?;
         file.write_all(b"\n")?;
@@ -95,6 +92,15 @@ pub fn prepare_append(path: &Path) -> std::io::Result<TailRepair> {
     };
     file.sync_all()?;
     Ok(repair)
+}
+
+/// The bytes after a file of length `end`'s last newline, and where they start.
+fn read_tail(file: &mut File, end: u64) -> std::io::Result<(u64, Vec<u8>)> {
+    let start = tail_start(file, end)?;
+    let mut tail = vec![0u8; (end - start) as usize];
+    file.seek(SeekFrom::Start(start))?;
+    file.read_exact(&mut tail)?;
+    Ok((start, tail))
 }
 
 /// Where the bytes after a file's last newline start (`end` when it ends with one), scanning
@@ -124,11 +130,7 @@ pub fn unterminated_tail(path: &Path) -> std::io::Result<Vec<u8>> {
         Err(e) => return Err(e),
     };
     let end = file.seek(SeekFrom::End(0))?;
-    let start = tail_start(&mut file, end)?;
-    let mut tail = Vec::with_capacity((end - start) as usize);
-    file.seek(SeekFrom::Start(start))?;
-    file.take(end - start).read_to_end(&mut tail)?;
-    Ok(tail)
+    read_tail(&mut file, end).map(|(_, tail)| tail)
 }
 
 /// A non-JSON line-based journal's complete entry (a decimal integer, as the resubmit offset).
