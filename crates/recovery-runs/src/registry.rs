@@ -234,6 +234,11 @@ impl Registry {
         self.locks.lock(paths).await
     }
 
+    /// [`Self::lock`] for a run being created (its output's directory made when missing).
+    pub async fn lock_creating(&self, paths: &SidecarPaths) -> Result<LockedRun, RunLockError> {
+        self.locks.lock_creating(paths).await
+    }
+
     /// Enters a run's section in shared mode: reads and journal appends only.
     pub async fn lock_shared(&self, paths: &SidecarPaths) -> Result<SharedRun, RunLockError> {
         self.locks.lock_shared(paths).await

@@ -98,6 +98,15 @@ impl LocalRunLocks {
     }
 }
 
+/// Where a section takes the run's lock file.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    /// In the run's directory as it is (every section of an existing run).
+    RunDirectory,
+    /// In the output's directory, made when missing (a run being created).
+    MakingDirectory,
+}
+
 /// How the run's `flock` is held during a section.
 #[derive(Debug)]
 enum Flock {
@@ -231,12 +240,29 @@ impl RunLocks {
     /// Enters the run's critical section (see the module doc); waits for this process's and other
     /// replicas' sections, refuses when another process owns the `flock`.
     pub async fn lock(&self, paths: &SidecarPaths) -> Result<LockedRun, RunLockError> {
+        self.lock_making(paths, Place::RunDirectory).await
+    }
+
+    /// [`Self::lock`] for a run being created: its output's directory is made when missing.
+    /// Every other section takes the lock in the run's directory as it is: a run whose
+    /// directory was moved or removed is refused (`DirectoryGone`), never given a new one
+    /// (hostile review 45: a call on such a run made the directory, and the run moved back
+    /// landed inside it).
+    pub async fn lock_creating(&self, paths: &SidecarPaths) -> Result<LockedRun, RunLockError> {
+        self.lock_making(paths, Place::MakingDirectory).await
+    }
+
+    async fn lock_making(
+        &self,
+        paths: &SidecarPaths,
+        place: Place,
+    ) -> Result<LockedRun, RunLockError> {
         let local = self.leases.local().lock(&paths.run_lock).await;
         let advisory = self
             .store
             .advisory_lock(advisory_key(&paths.run_lock))
             .await?;
-        let flock = self.flock(paths, false).await?;
+        let flock = self.flock(paths, false, place).await?;
         Ok(LockedRun {
             paths: paths.clone(),
             _flock: flock,
@@ -252,7 +278,7 @@ impl RunLocks {
             .store
             .advisory_lock_shared(advisory_key(&paths.run_lock))
             .await?;
-        let flock = self.flock(paths, true).await?;
+        let flock = self.flock(paths, true, Place::RunDirectory).await?;
         Ok(SharedRun {
             paths: paths.clone(),
             _flock: flock,
@@ -262,7 +288,12 @@ impl RunLocks {
     }
 
     /// The run's `flock` for a section: our lease's, the one shared sections hold, or a new one.
-    async fn flock(&self, paths: &SidecarPaths, shared: bool) -> Result<Flock, RunLockError> {
+    async fn flock(
+        &self,
+        paths: &SidecarPaths,
+        shared: bool,
+        place: Place,
+    ) -> Result<Flock, RunLockError> {
         if let Some(lock) = self.leases.held_lock(&paths.run_lock) {
             if lock.is_in_place() {
                 return Ok(Flock::Lease(lock));
@@ -282,7 +313,7 @@ impl RunLocks {
                 return Ok(Flock::Lease(lock));
             }
         }
-        match self.take_flock(paths, shared).await? {
+        match self.take_flock(paths, shared, place).await? {
             Ok(flock) => Ok(flock),
             Err(LockError::Owned(path)) => {
                 if self.other_replica_holds(&paths.output).await? {
@@ -305,6 +336,7 @@ impl RunLocks {
         &self,
         paths: &SidecarPaths,
         shared: bool,
+        place: Place,
     ) -> Result<Result<Flock, LockError>, RunLockError> {
         let (run_lock, map) = (paths.run_lock.clone(), self.shared_flocks.clone());
         if shared {
@@ -321,8 +353,14 @@ impl RunLocks {
             }
         }
         tokio::task::spawn_blocking(move || {
+            let take = |run_lock: &Path| match place {
+                Place::MakingDirectory => RunLock::for_output(run_lock, None),
+                Place::RunDirectory => {
+                    RunLock::acquire_in_existing_directories([run_lock.to_owned()])
+                }
+            };
             if !shared {
-                return RunLock::for_output(&run_lock, None).map(Flock::Section);
+                return take(&run_lock).map(Flock::Section);
             }
             let mut flocks = map
                 .lock()
@@ -330,7 +368,7 @@ impl RunLocks {
             let lock = match flocks.get(&run_lock).and_then(Weak::upgrade) {
                 Some(lock) => lock,
                 None => {
-                    let lock = Arc::new(RunLock::for_output(&run_lock, None)?);
+                    let lock = Arc::new(take(&run_lock)?);
                     flocks.retain(|_, weak| weak.strong_count() > 0);
                     flocks.insert(run_lock, Arc::downgrade(&lock));
                     lock
@@ -362,7 +400,7 @@ impl RunLocks {
         while tokio::time::Instant::now() < deadline {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(std::time::Duration::from_millis(20));
-            match self.take_flock(paths, true).await? {
+            match self.take_flock(paths, true, Place::RunDirectory).await? {
                 Ok(flock) => return Ok(Some(flock)),
                 Err(LockError::Owned(_)) => {}
                 Err(e) => return Err(e.into()),

@@ -390,7 +390,7 @@ async fn recorded_events_are_journalled_then_stored_and_revocation_rewrites_the_
     let paths = registry
         .paths_for(&root.path().join("b/out.jsonl"))
         .expect("paths");
-    let run = registry.lock(&paths).await.expect("lock");
+    let run = registry.lock_creating(&paths).await.expect("lock");
     let manifest = RunManifest::create("cd".repeat(16), "s", "m", "c", Some(3));
     registry
         .write_manifest(
@@ -1665,7 +1665,7 @@ async fn a_revocation_the_database_never_heard_of_is_taken_from_the_journal_by_r
         .paths_for(&root.path().join("r/out.jsonl"))
         .expect("paths");
     let manifest = RunManifest::create("dd".repeat(16), "s", "m", "c", Some(3));
-    let run = registry.lock(&paths).await.expect("lock");
+    let run = registry.lock_creating(&paths).await.expect("lock");
     registry
         .write_manifest(&run, &manifest, None)
         .await
@@ -1752,7 +1752,7 @@ async fn a_resume_event_is_committed_with_its_drift_row_only_once_the_line_is_du
     let paths = registry
         .paths_for(&root.path().join("c/out.jsonl"))
         .expect("paths");
-    let run = registry.lock(&paths).await.expect("lock");
+    let run = registry.lock_creating(&paths).await.expect("lock");
     let manifest = RunManifest::create("ef".repeat(16), "s", "m", "c", Some(3));
     registry
         .write_manifest(&run, &manifest, None)

@@ -25,7 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "crash-writer",
     );
     let paths = registry.paths_for(&root.join("runs/out.jsonl"))?;
-    let run = registry.lock(&paths).await?;
+    let run = registry.lock_creating(&paths).await?;
     let mut stdout = std::io::stdout();
     for i in start.. {
         let mut manifest = RunManifest::create(

@@ -251,7 +251,7 @@ pub async fn create_run(
         .registry
         .prepare_run(&paths, new_run, state.config.default_max_attempts)
         .await?;
-    let run = state.registry.lock(&paths).await?;
+    let run = state.registry.lock_creating(&paths).await?;
     let work = state.clone();
     let created = state
         .detached(async move { Ok(work.registry.create(&run, &caller.name, prepared).await?) })
