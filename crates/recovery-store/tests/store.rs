@@ -964,6 +964,81 @@ async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_th
     .await;
 }
 
+/// Batches cut into several statements (SQLite: 1,000 events and 2,000 keys each; a full
+/// statement's text is built once and used again): every event and every key of each batch
+/// lands once, whatever statement it fell in, and is numbered in the order given.
+#[tokio::test]
+async fn batches_of_several_statements_record_every_event_and_key_once_in_the_order_given() {
+    with_each_backend(|store| async move {
+        let drift = |n: usize| DriftEvent {
+            event_id: format!("{n:032x}"),
+            run_id: format!("r{}", n % 3),
+            at: format!("2026-11-29T10:00:00.{n:06}Z"),
+            saved_config_digest: "a".repeat(64),
+            current_config_digest: "b".repeat(64),
+            operational_keys: if n % 2 == 0 {
+                vec!["servers.a.port".into(), format!("servers.k{n}.port")]
+            } else {
+                vec!["servers.a.port".into()]
+            },
+        };
+        // 2,500 events and 3,750 keys: two full event statements, one partial; one full key
+        // statement, one partial. Then 2,000 more (all full) with the first 500 again.
+        let first: Vec<DriftEvent> = (0..2_500).map(drift).collect();
+        let second: Vec<DriftEvent> = (0..500).chain(2_500..4_500).map(drift).collect();
+        assert_eq!(
+            store.insert_drift_events(&first).await.expect("first"),
+            2_500
+        );
+        assert_eq!(
+            store.insert_drift_events(&second).await.expect("second"),
+            2_000
+        );
+        let mut followed = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = store
+                .follow_drift(&DriftFollow {
+                    after,
+                    limit: 1000,
+                    ..Default::default()
+                })
+                .await
+                .expect("follow");
+            let Some((position, _)) = page.events.last() else {
+                break;
+            };
+            after = *position;
+            followed.extend(page.events.into_iter().map(|(_, e)| e.event_id));
+        }
+        let expected: Vec<String> = (0..4_500).map(|n| format!("{n:032x}")).collect();
+        assert_eq!(followed, expected, "every event once, in the order given");
+        let common = store
+            .query_drift(&DriftFilter {
+                key: Some("servers.a.port".into()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("common key");
+        assert_eq!(common.len(), 1000, "a full page of the key every event has");
+        for n in [0, 998, 1_000, 1_998, 2_000, 2_498, 2_500, 4_498] {
+            let key = format!("servers.k{n}.port");
+            let found = store
+                .query_drift(&DriftFilter {
+                    key: Some(key.clone()),
+                    limit: 10,
+                    ..Default::default()
+                })
+                .await
+                .expect("rare key");
+            let ids: Vec<String> = found.into_iter().map(|e| e.event_id).collect();
+            assert_eq!(ids, [format!("{n:032x}")], "{key}");
+        }
+    })
+    .await;
+}
+
 /// Resume events recorded over the four runs of the grouped-insert test.
 async fn resume_event_count(store: &Store) -> usize {
     let mut total = 0;
