@@ -1,4 +1,5 @@
-//! The process's allocator, memory given back once a load ends, and SQLite's statistics (off).
+//! The process's allocator, memory given back once a load ends, and SQLite's memory set-up
+//! (statistics off, wider lookaside).
 //!
 //! mimalloc, chosen on measurement: under the load benchmark glibc's malloc took about a
 //! quarter of the service's CPU (configuration identities are many small JSON trees) and kept
@@ -60,6 +61,35 @@ pub fn quiet_sqlite_statistics() -> Result<(), i32> {
     match unsafe {
         sqlite::sqlite3_config(sqlite::SQLITE_CONFIG_MEMSTATUS, 0 as std::os::raw::c_int)
     } {
+        sqlite::SQLITE_OK => Ok(()),
+        code => Err(code),
+    }
+}
+
+/// Gives every SQLite connection 8,192 lookaside slots of 128 bytes (1 MiB, SQLite's default
+/// is about 48 KiB). Call before anything opens a database, as [`quiet_sqlite_statistics`].
+///
+/// Why (perf of a 1M-line reindex): SQLite copies every value bound to a statement into memory
+/// of its own, and a drift insert binds 6,000 values per statement. Beyond the default's few
+/// slots each copy went to glibc's malloc and back: a fifth of the database threads' CPU. A
+/// lookaside slot is taken from and returned to a free list of the connection. Values of the
+/// drift tables (times, ids, digests, key lists) fit in 128 bytes; larger ones still use malloc.
+/// Measured, 300k-line reindexes, eight pairs alternating without/with: CPU of the database
+/// threads 214 to 193 ticks (means), wall 2.91 to 2.64 s.
+/// The memory is taken from the system as slots are first used, and kept by the connection:
+/// at most 1 MiB for each of the pool's connections and the checkpointer's.
+///
+/// Returns SQLite's result code when it refused (it was already in use): harmless, connections
+/// then have the default lookaside.
+#[allow(unsafe_code)]
+pub fn widen_sqlite_lookaside() -> Result<(), i32> {
+    use libsqlite3_sys as sqlite;
+    use std::os::raw::c_int;
+    const SLOT_BYTES: c_int = 128;
+    const SLOTS: c_int = 8192;
+    // SAFETY: SQLite's documented start-up configuration, made before any connection exists
+    // (main calls this first); the two arguments are `int`s.
+    match unsafe { sqlite::sqlite3_config(sqlite::SQLITE_CONFIG_LOOKASIDE, SLOT_BYTES, SLOTS) } {
         sqlite::SQLITE_OK => Ok(()),
         code => Err(code),
     }

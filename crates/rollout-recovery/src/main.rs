@@ -307,6 +307,9 @@ fn main() -> std::process::ExitCode {
     if let Err(code) = allocator::quiet_sqlite_statistics() {
         eprintln!("warning: SQLite refused to stop counting its memory (code {code})");
     }
+    if let Err(code) = allocator::widen_sqlite_lookaside() {
+        eprintln!("warning: SQLite refused its lookaside configuration (code {code})");
+    }
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Serve(_)) {
         end_by_sigpipe();
