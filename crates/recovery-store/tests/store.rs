@@ -965,13 +965,15 @@ async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_th
 }
 
 /// Batches cut into several statements (SQLite: 1,000 events and 2,000 keys each; a full
-/// statement's text is built once and used again): every event and every key of each batch
-/// lands once, whatever statement it fell in, and is numbered in the order given.
+/// statement's text is built once and used again; a chunk later than every recorded event, in
+/// time order, is numbered by reading it back, any other by looking each event up): every event
+/// and every key of each batch lands once, whatever statement it fell in, numbered in the order
+/// given, also where a later chunk is out of time order or earlier than events known.
 #[tokio::test]
 async fn batches_of_several_statements_record_every_event_and_key_once_in_the_order_given() {
     with_each_backend(|store| async move {
-        let drift = |n: usize| DriftEvent {
-            event_id: format!("{n:032x}"),
+        let drift_as = |n: usize, id: String| DriftEvent {
+            event_id: id,
             run_id: format!("r{}", n % 3),
             at: format!("2026-11-29T10:00:00.{n:06}Z"),
             saved_config_digest: "a".repeat(64),
@@ -982,18 +984,31 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
                 vec!["servers.a.port".into()]
             },
         };
+        let drift = |n: usize| drift_as(n, format!("{n:032x}"));
+        let early = |n: usize| drift_as(n, format!("early-{n}"));
         // 2,500 events and 3,750 keys: two full event statements, one partial; one full key
-        // statement, one partial. Then 2,000 more (all full) with the first 500 again.
+        // statement, one partial.
         let first: Vec<DriftEvent> = (0..2_500).map(drift).collect();
+        // The first 500 again, then 2,000 new in time order.
         let second: Vec<DriftEvent> = (0..500).chain(2_500..4_500).map(drift).collect();
-        assert_eq!(
-            store.insert_drift_events(&first).await.expect("first"),
-            2_500
-        );
-        assert_eq!(
-            store.insert_drift_events(&second).await.expect("second"),
-            2_000
-        );
+        // 1,000 new in time order, then 1,000 later ones in reverse time order.
+        let third: Vec<DriftEvent> = (4_500..5_500)
+            .chain((5_501..6_501).rev())
+            .map(drift)
+            .collect();
+        // 1,000 new in time order, then 1,000 new ones earlier than every event known.
+        let fourth: Vec<DriftEvent> = (7_000..8_000)
+            .map(drift)
+            .chain((0..1_000).map(early))
+            .collect();
+        for (batch, new) in [
+            (&first, 2_500),
+            (&second, 2_000),
+            (&third, 2_000),
+            (&fourth, 2_000),
+        ] {
+            assert_eq!(store.insert_drift_events(batch).await.expect("insert"), new);
+        }
         let mut followed = Vec::new();
         let mut after = 0;
         loop {
@@ -1011,7 +1026,11 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
             after = *position;
             followed.extend(page.events.into_iter().map(|(_, e)| e.event_id));
         }
-        let expected: Vec<String> = (0..4_500).map(|n| format!("{n:032x}")).collect();
+        let expected: Vec<String> = (0..4_500)
+            .map(|n| format!("{n:032x}"))
+            .chain(third.iter().chain(&fourth).map(|e| e.event_id.clone()))
+            .collect();
+        assert_eq!(followed.len(), expected.len(), "every event once");
         assert_eq!(followed, expected, "every event once, in the order given");
         let common = store
             .query_drift(&DriftFilter {
@@ -1022,7 +1041,7 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
             .await
             .expect("common key");
         assert_eq!(common.len(), 1000, "a full page of the key every event has");
-        for n in [0, 998, 1_000, 1_998, 2_000, 2_498, 2_500, 4_498] {
+        for n in [0, 998, 1_000, 1_998, 2_000, 2_498, 2_500, 4_498, 6_500] {
             let key = format!("servers.k{n}.port");
             let found = store
                 .query_drift(&DriftFilter {
@@ -1032,8 +1051,14 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
                 })
                 .await
                 .expect("rare key");
-            let ids: Vec<String> = found.into_iter().map(|e| e.event_id).collect();
-            assert_eq!(ids, [format!("{n:032x}")], "{key}");
+            let mut ids: Vec<String> = found.into_iter().map(|e| e.event_id).collect();
+            ids.sort();
+            let mut wanted = vec![format!("{n:032x}")];
+            if n < 1_000 {
+                wanted.push(format!("early-{n}"));
+            }
+            wanted.sort();
+            assert_eq!(ids, wanted, "{key}");
         }
     })
     .await;
