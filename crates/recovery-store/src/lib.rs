@@ -453,13 +453,14 @@ enum DriftStatement<'a> {
     Keys(&'a [(&'a String, &'a String, &'a String)]),
 }
 
-/// Events in one statement of an SQLite drift insert ([`DriftStatement`]).
-const EVENTS_PER_STATEMENT: usize = 1000;
+/// Events in one statement of an SQLite drift insert ([`DriftStatement`]): 3,000 bound values,
+/// which the service's SQLite lookaside holds (rollout-recovery's `allocator.rs`).
+const EVENTS_PER_STATEMENT: usize = 500;
 /// Keys in one statement of an SQLite drift insert ([`DriftStatement`]).
-const KEYS_PER_STATEMENT: usize = 2000;
+const KEYS_PER_STATEMENT: usize = 1000;
 
 impl<'a> DriftStatement<'a> {
-    /// The statement's text. A full chunk's is built once per process: formatting a thousand
+    /// The statement's text. A full chunk's is built once per process: formatting hundreds of
     /// rows of placeholders before every statement showed in perf of a 1M-line reindex, spent
     /// while the database's writer waited for the statement.
     fn sql(&self) -> std::borrow::Cow<'static, str> {
@@ -553,7 +554,7 @@ fn distinct_events<'a>(events: &[&'a DriftEvent]) -> Vec<&'a DriftEvent> {
         .collect()
 }
 
-/// Inserts drift events in statements of at most 1,000 events (2,000 keys) each. A chunk of
+/// Inserts drift events in statements of at most 500 events (1,000 keys) each. A chunk of
 /// events later than every recorded one, in (time, id) order, is numbered by
 /// [`DriftStatement::RecordAfter`] after its insert; any other by [`DriftStatement::Record`]
 /// before it. The latest recorded time is read once, after the first chunk (the transaction

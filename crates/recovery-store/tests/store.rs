@@ -964,7 +964,7 @@ async fn a_batch_with_repeats_and_known_events_numbers_each_new_event_once_in_th
     .await;
 }
 
-/// Batches cut into several statements (SQLite: 1,000 events and 2,000 keys each; a full
+/// Batches cut into several statements (SQLite: 500 events and 1,000 keys each; a full
 /// statement's text is built once and used again; a chunk later than every recorded event, in
 /// time order, is numbered by reading it back, any other by looking each event up): every event
 /// and every key of each batch lands once, whatever statement it fell in, numbered in the order
@@ -986,8 +986,8 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
         };
         let drift = |n: usize| drift_as(n, format!("{n:032x}"));
         let early = |n: usize| drift_as(n, format!("early-{n}"));
-        // 2,500 events and 3,750 keys: two full event statements, one partial; one full key
-        // statement, one partial.
+        // 2,500 events and 3,750 keys: five full event statements; three full key statements,
+        // one partial.
         let first: Vec<DriftEvent> = (0..2_500).map(drift).collect();
         // The first 500 again, then 2,000 new in time order.
         let second: Vec<DriftEvent> = (0..500).chain(2_500..4_500).map(drift).collect();
@@ -996,16 +996,17 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
             .chain((5_501..6_501).rev())
             .map(drift)
             .collect();
-        // 1,000 new in time order, then 1,000 new ones earlier than every event known.
+        // 1,000 new in time order, then 1,100 new ones earlier than every event known (a
+        // partial statement last).
         let fourth: Vec<DriftEvent> = (7_000..8_000)
             .map(drift)
-            .chain((0..1_000).map(early))
+            .chain((0..1_100).map(early))
             .collect();
         for (batch, new) in [
             (&first, 2_500),
             (&second, 2_000),
             (&third, 2_000),
-            (&fourth, 2_000),
+            (&fourth, 2_100),
         ] {
             assert_eq!(store.insert_drift_events(batch).await.expect("insert"), new);
         }
@@ -1054,7 +1055,7 @@ async fn batches_of_several_statements_record_every_event_and_key_once_in_the_or
             let mut ids: Vec<String> = found.into_iter().map(|e| e.event_id).collect();
             ids.sort();
             let mut wanted = vec![format!("{n:032x}")];
-            if n < 1_000 {
+            if n < 1_100 {
                 wanted.push(format!("early-{n}"));
             }
             wanted.sort();

@@ -66,18 +66,21 @@ pub fn quiet_sqlite_statistics() -> Result<(), i32> {
     }
 }
 
-/// Gives every SQLite connection 8,192 lookaside slots of 128 bytes (1 MiB, SQLite's default
+/// Gives every SQLite connection 4,096 lookaside slots of 128 bytes (512 KiB; SQLite's default
 /// is about 48 KiB). Call before anything opens a database, as [`quiet_sqlite_statistics`].
 ///
 /// Why (perf of a 1M-line reindex): SQLite copies every value bound to a statement into memory
-/// of its own, and a drift insert binds 6,000 values per statement. Beyond the default's few
-/// slots each copy went to glibc's malloc and back: a fifth of the database threads' CPU. A
-/// lookaside slot is taken from and returned to a free list of the connection. Values of the
-/// drift tables (times, ids, digests, key lists) fit in 128 bytes; larger ones still use malloc.
-/// Measured, 300k-line reindexes, eight pairs alternating without/with: CPU of the database
-/// threads 214 to 193 ticks (means), wall 2.91 to 2.64 s.
-/// The memory is taken from the system as slots are first used, and kept by the connection:
-/// at most 1 MiB for each of the pool's connections and the checkpointer's.
+/// of its own. Beyond the default's few slots each copy went to glibc's malloc and back: about
+/// a fifth of the database threads' samples. A lookaside slot is taken from and returned to a
+/// free list of the connection. The values of the drift tables (times, ids, digests, key
+/// lists) fit in 128 bytes, and a drift insert's statement binds at most 3,000 of them
+/// (recovery-store's `EVENTS_PER_STATEMENT`), so all of them fit; larger values still use
+/// malloc. Measured, 300k-line reindexes alternating without/with: eight pairs with 8,192
+/// slots and 6,000 values per statement, CPU of the database threads 214 to 193 ticks, wall
+/// 2.91 to 2.64 s (means); then five pairs of that against this setting, equal within noise.
+/// The cost: SQLite lays its free list through every slot when a connection opens, so the
+/// whole buffer is resident from then on, for each of the pool's connections and the
+/// checkpointer's (8,192 slots added 5-6 MB to the service's idle RSS; this setting half).
 ///
 /// Returns SQLite's result code when it refused (it was already in use): harmless, connections
 /// then have the default lookaside.
@@ -86,7 +89,7 @@ pub fn widen_sqlite_lookaside() -> Result<(), i32> {
     use libsqlite3_sys as sqlite;
     use std::os::raw::c_int;
     const SLOT_BYTES: c_int = 128;
-    const SLOTS: c_int = 8192;
+    const SLOTS: c_int = 4096;
     // SAFETY: SQLite's documented start-up configuration, made before any connection exists
     // (main calls this first); the two arguments are `int`s.
     match unsafe { sqlite::sqlite3_config(sqlite::SQLITE_CONFIG_LOOKASIDE, SLOT_BYTES, SLOTS) } {
