@@ -26,8 +26,8 @@ use recovery_sidecar::{
     read_lines_batch, read_lines_from,
 };
 use recovery_store::{
-    Approval, AttemptExtension, Backend, DriftEvent, Rejudgment, Resubmit, RunRecord, Store,
-    StoreError,
+    Approval, AttemptExtension, Backend, DriftEvent, JournalMarkRow, Rejudgment, Resubmit,
+    RunRecord, Store, StoreError,
 };
 use serde_json::Value;
 use std::os::unix::fs::MetadataExt;
@@ -764,7 +764,9 @@ impl Registry {
     }
 
     /// Where to start reading an append-only journal: its mark when the file is the one the
-    /// mark was taken of (device and inode) and has not shrunk, else its start.
+    /// mark was taken of (device and inode), has not shrunk, and still holds the bytes it held
+    /// before the mark (a journal rewritten in place is read again from its start: reading
+    /// from the mark would start mid-line and never index the lines before it), else its start.
     async fn journal_mark(&self, path: &Path) -> Result<Option<JournalMark>, RegistryError> {
         let stat_path = path.to_owned();
         let identity = blocking(move || {
@@ -778,7 +780,17 @@ impl Registry {
         };
         let mark = self.store.journal_mark(&path.display().to_string()).await?;
         let start = match mark {
-            Some((d, i, to)) if d == device && i == inode && to <= length => to as u64,
+            Some(mark)
+                if mark.device == device && mark.inode == inode && mark.indexed_to <= length =>
+            {
+                let (read_path, to) = (path.to_owned(), mark.indexed_to as u64);
+                let before = blocking(move || Ok(bytes_before(&read_path, to))).await?;
+                if before.is_some() && before == mark.before_mark {
+                    to
+                } else {
+                    0
+                }
+            }
             _ => 0,
         };
         Ok(Some(JournalMark {
@@ -789,7 +801,7 @@ impl Registry {
     }
 
     /// Records that a journal is indexed up to the end of the last line read, when the file is
-    /// still the one whose identity was taken before the read.
+    /// still the one whose identity was taken before the read, with the bytes before that end.
     async fn advance_mark(
         &self,
         path: &Path,
@@ -798,18 +810,22 @@ impl Registry {
     ) -> Result<(), RegistryError> {
         let Some(mark) = mark else { return Ok(()) };
         let end = end.unwrap_or(mark.start);
-        let stat_path = path.to_owned();
-        let same = blocking(move || {
-            Ok(std::fs::symlink_metadata(&stat_path)
-                .is_ok_and(|m| m.dev() as i64 == mark.device && m.ino() as i64 == mark.inode))
+        let read_path = path.to_owned();
+        let before = blocking(move || {
+            let same = std::fs::symlink_metadata(&read_path)
+                .is_ok_and(|m| m.dev() as i64 == mark.device && m.ino() as i64 == mark.inode);
+            Ok(same.then(|| bytes_before(&read_path, end)))
         })
         .await?;
-        if same {
+        if let Some(before_mark) = before {
+            let row = JournalMarkRow {
+                device: mark.device,
+                inode: mark.inode,
+                indexed_to: end as i64,
+                before_mark,
+            };
             self.store
-                .set_journal_mark(
-                    &path.display().to_string(),
-                    (mark.device, mark.inode, end as i64),
-                )
+                .set_journal_mark(&path.display().to_string(), &row)
                 .await?;
         }
         Ok(())
@@ -1188,6 +1204,26 @@ impl Registry {
         }
         Ok(report)
     }
+}
+
+/// Bytes of a journal's fingerprint before its mark (see [`bytes_before`]).
+const BEFORE_MARK_BYTES: u64 = 4096;
+
+/// SHA-256 (hex) of the up to [`BEFORE_MARK_BYTES`] bytes of the file at `path` that end at
+/// `end`: what a journal's mark remembers of the lines before it. `None` when they cannot be
+/// read (the file is gone, shorter, or a symbolic link, which journals never follow).
+fn bytes_before(path: &Path, end: u64) -> Option<String> {
+    use sha2::Digest as _;
+    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .ok()?;
+    let start = end.saturating_sub(BEFORE_MARK_BYTES);
+    let mut bytes = vec![0; (end - start) as usize];
+    file.read_exact_at(&mut bytes, start).ok()?;
+    Some(format!("{:x}", sha2::Sha256::digest(&bytes)))
 }
 
 /// An append-only journal's identity and where its reading starts.

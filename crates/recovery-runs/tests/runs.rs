@@ -1394,7 +1394,7 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
         )
     };
     std::fs::write(&paths.resume_drift, (0..3).map(line).collect::<String>()).expect("journal");
-    let steps: [(&str, &dyn Fn(), usize); 4] = [
+    let steps: [(&str, &dyn Fn(), usize); 6] = [
         ("the first reindex reads every line", &|| {}, 3),
         ("an unchanged journal is not read again", &|| {}, 0),
         (
@@ -1414,11 +1414,23 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
             },
             2,
         ),
+        (
+            "a journal rewritten in place, longer than its mark, is read from its start",
+            &|| {
+                // The same inode: what `open(path, "w")`, `cp` over it or an editor saving in
+                // place does. Reading from the mark would start mid-line.
+                let text: String = (20..25).map(line).collect();
+                std::fs::write(&paths.resume_drift, text).expect("rewrite in place");
+            },
+            5,
+        ),
+        ("and is then not read again", &|| {}, 0),
     ];
     for (case, change, inserted) in steps {
         change();
         let report = registry.reindex().await.expect("reindex");
         assert_eq!(report.drift_inserted, inserted, "{case}");
+        assert!(report.unreadable.is_empty(), "{case}: {report:?}");
     }
     let all = store
         .query_drift(&DriftFilter {
@@ -1428,7 +1440,7 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
         })
         .await
         .expect("rows");
-    assert_eq!(all.len(), 6, "every line ever journalled is indexed once");
+    assert_eq!(all.len(), 11, "every line ever journalled is indexed once");
 }
 
 /// Drift lines a Python collector wrote with `isoformat()` offsets are stored in the one UTC form

@@ -1300,19 +1300,21 @@ impl Store {
 
     // --- journal marks ---------------------------------------------------------------------
 
-    /// How far the journal at `path` was indexed: (device, inode, byte offset).
-    pub async fn journal_mark(&self, path: &str) -> Result<Option<(i64, i64, i64)>, StoreError> {
-        let row =
-            sqlx::query("SELECT device, inode, indexed_to FROM journal_marks WHERE path = $1")
-                .bind(path)
-                .fetch_optional(&self.pool)
-                .await?;
+    /// How far the journal at `path` was indexed.
+    pub async fn journal_mark(&self, path: &str) -> Result<Option<JournalMarkRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT device, inode, indexed_to, before_mark FROM journal_marks WHERE path = $1",
+        )
+        .bind(path)
+        .fetch_optional(&self.pool)
+        .await?;
         row.map(|r| {
-            Ok((
-                r.try_get("device")?,
-                r.try_get("inode")?,
-                r.try_get("indexed_to")?,
-            ))
+            Ok(JournalMarkRow {
+                device: r.try_get("device")?,
+                inode: r.try_get("inode")?,
+                indexed_to: r.try_get("indexed_to")?,
+                before_mark: r.try_get("before_mark")?,
+            })
         })
         .transpose()
     }
@@ -1321,16 +1323,18 @@ impl Store {
     pub async fn set_journal_mark(
         &self,
         path: &str,
-        (device, inode, indexed_to): (i64, i64, i64),
+        mark: &JournalMarkRow,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO journal_marks (path, device, inode, indexed_to) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, indexed_to = excluded.indexed_to",
+            "INSERT INTO journal_marks (path, device, inode, indexed_to, before_mark) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, \
+             indexed_to = excluded.indexed_to, before_mark = excluded.before_mark",
         )
         .bind(path)
-        .bind(device)
-        .bind(inode)
-        .bind(indexed_to)
+        .bind(mark.device)
+        .bind(mark.inode)
+        .bind(mark.indexed_to)
+        .bind(mark.before_mark.as_deref())
         .execute(&self.pool)
         .await?;
         Ok(())

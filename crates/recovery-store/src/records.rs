@@ -261,3 +261,15 @@ pub struct ConsoleSession {
     /// (`None` for sessions recorded before it was kept: they open nothing).
     pub token_fingerprint: Option<String>,
 }
+
+/// How far an append-only journal was indexed (migrations 0004 and, SQLite, 0012).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalMarkRow {
+    /// The file's device and inode when it was read.
+    pub device: i64,
+    pub inode: i64,
+    /// The byte offset indexed up to: the end of the last line read.
+    pub indexed_to: i64,
+    /// SHA-256 (hex) of up to 4,096 bytes ending at `indexed_to`; `None` on marks older than it.
+    pub before_mark: Option<String>,
+}
