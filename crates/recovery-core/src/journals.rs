@@ -10,6 +10,19 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
 
+/// One journal line as `T`, its JSON read as CPython's `json.loads` reads it (decisions §1): of
+/// a key given twice, the last value counts. serde's derived readers refuse a repeated field
+/// (hostile review 47: a drift line with `at` twice was reported unreadable), so such a line is
+/// read again through a [`Value`], which keeps the last; every other line is parsed directly.
+pub fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error> {
+    match serde_json::from_slice::<T>(bytes) {
+        Err(e) if e.to_string().starts_with("duplicate field") => {
+            serde_json::from_value(serde_json::from_slice::<Value>(bytes)?)
+        }
+        parsed => parsed,
+    }
+}
+
 /// Why a journal cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -89,7 +102,7 @@ impl ApprovalLine {
     /// One journal line (without its `\n`) read as an approval: a whole line of the format, its
     /// id 1 to [`APPROVAL_ID_MAX`] bytes, its indices non-negative; anything else is why not.
     pub fn parse(line: &[u8]) -> Result<Self, String> {
-        let approval = serde_json::from_slice::<Self>(line).map_err(|e| e.to_string())?;
+        let approval = parse_line::<Self>(line).map_err(|e| e.to_string())?;
         if approval.approval_id.is_empty() || approval.approval_id.len() > APPROVAL_ID_MAX {
             return Err(format!(
                 "approval_id: must be 1 to {APPROVAL_ID_MAX} bytes (a longer or empty one could never be revoked)"

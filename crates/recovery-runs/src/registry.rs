@@ -1146,7 +1146,7 @@ impl Registry {
             if recovery_core::rows::is_blank(bytes) {
                 continue;
             }
-            match serde_json::from_slice::<ExtensionLine>(bytes) {
+            match recovery_core::journals::parse_line::<ExtensionLine>(bytes) {
                 Ok(line) => {
                     let id = line_id(&run_id, EXTENSION_JOURNAL, *offset, bytes);
                     records.push(extension_record(&run_id, id, line));
@@ -1416,7 +1416,8 @@ async fn read_drift_batch(
 /// query compares as text (a collector's `+00:00` or another offset names the same instant);
 /// the id is the line's, whatever form its time was written in.
 fn drift_line_event(run_id: &str, offset: u64, bytes: &[u8]) -> Result<DriftEvent, String> {
-    let mut line = serde_json::from_slice::<DriftLine>(bytes).map_err(|e| e.to_string())?;
+    let mut line =
+        recovery_core::journals::parse_line::<DriftLine>(bytes).map_err(|e| e.to_string())?;
     // The journal beside a manifest is that run's: a line naming another run would show in
     // that run's history (or a run that does not exist), so it is reported, not indexed.
     if line.run_id != run_id {

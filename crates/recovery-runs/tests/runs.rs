@@ -1443,6 +1443,39 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
     assert_eq!(all.len(), 11, "every line ever journalled is indexed once");
 }
 
+/// A journal line that gives a key twice is read as CPython's `json.loads` reads it: the last
+/// value counts (hostile review 47: it was reported unreadable). Drift and extension journals
+/// are read through the same rule.
+#[tokio::test]
+async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let (paths, manifest) = manifest_on_disk(&registry, root.path(), "dk");
+    let run = &manifest.run_id;
+    let drift = format!(
+        "{{\"at\": \"2026-11-29T10:00:01.000000Z\", \"at\": \"2026-11-29T10:00:02.000000Z\", \"run_id\": \"{run}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d\", \"operational_keys\": [\"a.port\"]}}\n"
+    );
+    std::fs::write(&paths.resume_drift, drift).expect("drift journal");
+    let extension = "{\"at\": \"2026-11-29T10:00:03Z\", \"extend_attempts\": 1, \"extend_attempts\": 4, \"by\": \"ops\", \"reason\": \"judge outage\"}\n";
+    std::fs::write(&paths.attempt_extension, extension).expect("extension journal");
+    let report = registry.reindex().await.expect("reindex");
+    assert!(report.unreadable.is_empty(), "{report:?}");
+    assert_eq!(report.drift_inserted, 1, "{report:?}");
+    let events = store
+        .query_drift(&DriftFilter {
+            run_id: Some(run.clone()),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("drift");
+    let times: Vec<&str> = events.iter().map(|e| e.at.as_str()).collect();
+    assert_eq!(times, ["2026-11-29T10:00:02.000000Z"]);
+    let extensions = store.list_extensions(run).await.expect("extensions");
+    let added: Vec<i64> = extensions.iter().map(|e| e.extend_attempts).collect();
+    assert_eq!(added, [4]);
+}
+
 /// Drift lines a Python collector wrote with `isoformat()` offsets are stored in the one UTC form
 /// every query compares as text, so time filters and order follow the instants; a line whose
 /// `at` is no time is reported, never indexed out of order.
