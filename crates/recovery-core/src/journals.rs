@@ -11,16 +11,16 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read};
 
 /// One journal line as `T`, its JSON read as CPython's `json.loads` reads it (decisions §1): of
-/// a key given twice, the last value counts. serde's derived readers refuse a repeated field
-/// (hostile review 47: a drift line with `at` twice was reported unreadable), so such a line is
-/// read again through a [`Value`], which keeps the last; every other line is parsed directly.
+/// a key given twice, the last value counts. serde's derived readers refuse a repeated field,
+/// or a first value of the wrong type before they see the second (hostile reviews 47 and 48),
+/// so a line they refuse is read again through a [`Value`], which keeps the last; when that
+/// fails too, the direct reading's error is the answer. A well-formed line is parsed directly.
 pub fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error> {
-    match serde_json::from_slice::<T>(bytes) {
-        Err(e) if e.to_string().starts_with("duplicate field") => {
-            serde_json::from_value(serde_json::from_slice::<Value>(bytes)?)
-        }
-        parsed => parsed,
-    }
+    serde_json::from_slice::<T>(bytes).or_else(|direct| {
+        serde_json::from_slice::<Value>(bytes)
+            .and_then(serde_json::from_value)
+            .map_err(|_| direct)
+    })
 }
 
 /// Why a journal cannot be used.

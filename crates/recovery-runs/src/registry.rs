@@ -1146,14 +1146,22 @@ impl Registry {
             if recovery_core::rows::is_blank(bytes) {
                 continue;
             }
-            match recovery_core::journals::parse_line::<ExtensionLine>(bytes) {
+            // As the plan reads the journal (decisions §6: N >= 1), so the database never
+            // lists an extension the plan refuses (hostile review 48).
+            let parsed = recovery_core::journals::parse_line::<ExtensionLine>(bytes)
+                .map_err(|e| e.to_string())
+                .and_then(|line| match line.extend_attempts {
+                    1.. => Ok(line),
+                    _ => Err("extend_attempts must be an integer >= 1".to_owned()),
+                });
+            match parsed {
                 Ok(line) => {
                     let id = line_id(&run_id, EXTENSION_JOURNAL, *offset, bytes);
                     records.push(extension_record(&run_id, id, line));
                 }
-                Err(e) => report.unreadable.push((
+                Err(why) => report.unreadable.push((
                     format!("{}@{offset}", paths.attempt_extension.display()),
-                    e.to_string(),
+                    why,
                 )),
             }
         }

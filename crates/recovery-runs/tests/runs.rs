@@ -1444,23 +1444,54 @@ async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped(
 }
 
 /// A journal line that gives a key twice is read as CPython's `json.loads` reads it: the last
-/// value counts (hostile review 47: it was reported unreadable). Drift and extension journals
-/// are read through the same rule.
+/// value counts, also when the first is of the wrong type (hostile reviews 47 and 48: such lines
+/// were reported unreadable). An extension line whose last value is no count >= 1 is refused, as
+/// the plan refuses it (review 48: reindex recorded 0 and -2 without a word).
 #[tokio::test]
 async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
     let root = tempfile::tempdir().expect("root");
     let (store, registry) = sqlite_registry(root.path()).await;
     let (paths, manifest) = manifest_on_disk(&registry, root.path(), "dk");
     let run = &manifest.run_id;
-    let drift = format!(
-        "{{\"at\": \"2026-11-29T10:00:01.000000Z\", \"at\": \"2026-11-29T10:00:02.000000Z\", \"run_id\": \"{run}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d\", \"operational_keys\": [\"a.port\"]}}\n"
-    );
-    std::fs::write(&paths.resume_drift, drift).expect("drift journal");
-    let extension = "{\"at\": \"2026-11-29T10:00:03Z\", \"extend_attempts\": 1, \"extend_attempts\": 4, \"by\": \"ops\", \"reason\": \"judge outage\"}\n";
-    std::fs::write(&paths.attempt_extension, extension).expect("extension journal");
+    let drift = |first_at: &str, keys: &str, at: &str| {
+        format!(
+            "{{\"at\": {first_at}, \"operational_keys\": {keys}, \"at\": \"{at}\", \"run_id\": \"{run}\", \"saved_config_digest\": \"c\", \"current_config_digest\": \"d\", \"operational_keys\": [\"a.port\"]}}\n"
+        )
+    };
+    let journal = [
+        drift(
+            "\"2026-11-29T10:00:01.000000Z\"",
+            "[]",
+            "2026-11-29T10:00:02.000000Z",
+        ),
+        drift("null", "7", "2026-11-29T10:00:03.000000Z"),
+    ]
+    .concat();
+    std::fs::write(&paths.resume_drift, journal).expect("drift journal");
+    let extension = |first: &str, last: &str| {
+        format!(
+            "{{\"at\": \"2026-11-29T10:00:03Z\", \"extend_attempts\": {first}, \"extend_attempts\": {last}, \"by\": \"ops\", \"reason\": \"judge outage\"}}\n"
+        )
+    };
+    let extensions = [
+        extension("1", "4"),
+        extension("\"x\"", "2"),
+        extension("5", "0"),
+    ]
+    .concat();
+    std::fs::write(&paths.attempt_extension, extensions).expect("extension journal");
     let report = registry.reindex().await.expect("reindex");
-    assert!(report.unreadable.is_empty(), "{report:?}");
-    assert_eq!(report.drift_inserted, 1, "{report:?}");
+    assert_eq!(report.drift_inserted, 2, "{report:?}");
+    let refused: Vec<&str> = report
+        .unreadable
+        .iter()
+        .map(|(_, why)| why.as_str())
+        .collect();
+    assert_eq!(
+        refused,
+        ["extend_attempts must be an integer >= 1"],
+        "{report:?}"
+    );
     let events = store
         .query_drift(&DriftFilter {
             run_id: Some(run.clone()),
@@ -1470,10 +1501,14 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
         .await
         .expect("drift");
     let times: Vec<&str> = events.iter().map(|e| e.at.as_str()).collect();
-    assert_eq!(times, ["2026-11-29T10:00:02.000000Z"]);
+    assert_eq!(
+        times,
+        ["2026-11-29T10:00:02.000000Z", "2026-11-29T10:00:03.000000Z"]
+    );
     let extensions = store.list_extensions(run).await.expect("extensions");
-    let added: Vec<i64> = extensions.iter().map(|e| e.extend_attempts).collect();
-    assert_eq!(added, [4]);
+    let mut added: Vec<i64> = extensions.iter().map(|e| e.extend_attempts).collect();
+    added.sort();
+    assert_eq!(added, [2, 4]);
 }
 
 /// Drift lines a Python collector wrote with `isoformat()` offsets are stored in the one UTC form
