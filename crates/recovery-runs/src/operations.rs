@@ -857,6 +857,17 @@ impl Registry {
                 "reason: say why attempts are added".into(),
             ));
         }
+        // A journal the plan refuses (decisions §6: an unreadable line is an error, never a
+        // guessed cap) is not appended to: the run would stay unplannable with the new line
+        // after the bad one (hostile review 48). It is repaired by hand first.
+        let paths = run.paths().clone();
+        if let Err(RunFilesError::RowsInvalid(why)) =
+            blocking(move || Ok(runfiles::budget_inputs(&paths))).await?
+        {
+            return Err(OpError::Files(RunFilesError::Inconsistent(format!(
+                "{why}: the attempt extension journal is not appended to until it is repaired"
+            ))));
+        }
         let extension = self
             .record_extension(run, run_id, by, reason, extend_attempts)
             .await?;

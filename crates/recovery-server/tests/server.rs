@@ -2282,6 +2282,64 @@ async fn an_approval_whose_line_stops_approving_is_listed_as_revoked_at_once() {
     assert!(listed.body[0]["revoked_at"].is_null(), "{}", listed.body);
 }
 
+/// An attempt-extension journal the plan refuses (a line of `extend_attempts` 0) shows no cap
+/// in the run's view but the reason, and is not appended to (hostile review 48: the view showed
+/// a cap as if nothing were extended, and an extension was appended after the bad line, the run
+/// staying unplannable). Nothing is written; repaired by hand, both work again.
+#[tokio::test]
+async fn an_unreadable_extension_journal_shows_no_cap_and_is_not_appended_to() {
+    let app = TestApp::new().await;
+    let (run_id, _) = run_with_masked_answer(&app).await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let bad = format!(
+        "{}\n",
+        json!({"at": "2026-12-05T12:00:00Z", "extend_attempts": 0, "by": "op", "reason": "r"})
+    );
+    std::fs::write(&paths.attempt_extension, &bad).expect("journal");
+    let view_uri = format!("/runs/{run_id}");
+    let view = app.call(Method::GET, &view_uri, Some(VIEWER), None).await;
+    assert_eq!(view.status, StatusCode::OK, "{}", view.body);
+    assert!(view.body["effective_cap"].is_null(), "{}", view.body);
+    assert!(view.body["attempt_extension"].is_null(), "{}", view.body);
+    assert!(
+        view.body["budget_problem"]
+            .as_str()
+            .is_some_and(|m| m.contains("extend_attempts must be an integer >= 1")),
+        "{}",
+        view.body
+    );
+    let extend_uri = format!("/runs/{run_id}/attempts/extend");
+    let extend = json!({"extend_attempts": 2, "reason": "judge outage"});
+    let refused = app
+        .call(
+            Method::POST,
+            &extend_uri,
+            Some(OPERATOR),
+            Some(extend.clone()),
+        )
+        .await;
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (StatusCode::CONFLICT, Some("run_files_invalid")),
+        "{}",
+        refused.body
+    );
+    assert_eq!(
+        std::fs::read_to_string(&paths.attempt_extension).expect("journal"),
+        bad,
+        "nothing written"
+    );
+    std::fs::write(&paths.attempt_extension, "").expect("repaired by hand");
+    let extended = app
+        .call(Method::POST, &extend_uri, Some(OPERATOR), Some(extend))
+        .await;
+    assert_eq!(extended.status, StatusCode::CREATED, "{}", extended.body);
+    let view = app.call(Method::GET, &view_uri, Some(VIEWER), None).await;
+    assert_eq!(view.body["attempt_extension"], 2, "{}", view.body);
+    assert!(view.body["effective_cap"].is_u64(), "{}", view.body);
+    assert!(view.body["budget_problem"].is_null(), "{}", view.body);
+}
+
 /// An approval is refused while the approvals journal ends with an unterminated line: the
 /// append would end that line, and a line that approved nothing would approve with nobody's
 /// approval recorded (hostile review 43). Nothing is written; once the line is ended by hand it

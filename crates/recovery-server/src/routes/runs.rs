@@ -554,9 +554,14 @@ pub struct RunView {
     #[schema(value_type = Option<crate::error::LeaseHolder>)]
     pub lease: Option<Value>,
     pub saved_cap: Option<u64>,
+    /// Null while the journals the budget reads cannot be read (see `budget_problem`).
     pub attempt_extension: Option<u64>,
-    /// Saved cap (or the service default) plus the extension.
+    /// Saved cap (or the service default) plus the extension; null while either is unknown
+    /// (never a guessed cap).
     pub effective_cap: Option<u64>,
+    /// Why the attempt budget cannot be read (an unreadable extension or resubmit journal),
+    /// the error the plan answers with.
+    pub budget_problem: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -661,18 +666,20 @@ pub async fn get_run(
     let (manifest, extension) = state
         .blocking(move || {
             let manifest = runfiles::read_manifest(&work_paths.manifest);
-            let extension = runfiles::budget_inputs(&work_paths)
-                .ok()
-                .map(|b| b.extension);
+            let extension = runfiles::budget_inputs(&work_paths).map(|b| b.extension);
             Ok((manifest, extension))
         })
         .await?;
     // Before an adoption below takes the run's lock.
     drop(section);
-    let budget = recovery_core::plan::Budget {
-        default_cap: state.config.default_max_attempts,
-        extension: extension.unwrap_or(0),
+    let (extension, budget_problem) = match extension {
+        Ok(extension) => (Some(extension), None),
+        Err(problem) => (None, Some(ApiError::from(problem).message)),
     };
+    let budget = extension.map(|extension| recovery_core::plan::Budget {
+        default_cap: state.config.default_max_attempts,
+        extension,
+    });
     // The files are the truth: a manifest a collector edited since the run was indexed is
     // indexed again, so the record shown (and listed) says what the file says.
     let run = match &manifest {
@@ -688,7 +695,7 @@ pub async fn get_run(
             Some(m.to_value()),
             None,
             m.max_rollout_attempts,
-            Some(budget.cap(&m)),
+            budget.map(|budget| budget.cap(&m)),
         ),
         recovery_core::verdict::SavedManifest::Missing => {
             (None, Some("missing".to_owned()), None, None)
@@ -713,6 +720,7 @@ pub async fn get_run(
         saved_cap,
         attempt_extension: extension,
         effective_cap,
+        budget_problem,
     }))
 }
 
