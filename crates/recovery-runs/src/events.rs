@@ -46,8 +46,17 @@ pub struct ExtensionLine {
     pub id: Option<String>,
     pub at: String,
     pub extend_attempts: i64,
+    /// Missing or null reads as empty: the plan counts a line by its `extend_attempts` alone,
+    /// so the record of it must not be refused for lack of a name (hostile review 49).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub by: String,
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub reason: String,
+}
+
+/// A string field that may be missing or null in a hand-written line: empty then.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 /// The id of the resubmit recorded on a given line of `<stem>_resubmit_offset` (that file holds

@@ -1177,7 +1177,9 @@ impl Registry {
             }
             match std::str::from_utf8(line)
                 .ok()
-                .and_then(|t| t.trim().parse::<i64>().ok())
+                // As the plan reads it (a count, never negative: hostile review 49).
+                .and_then(|t| t.trim().parse::<u64>().ok())
+                .and_then(|count| i64::try_from(count).ok())
             {
                 Some(offset) => {
                     let resubmit = Resubmit {

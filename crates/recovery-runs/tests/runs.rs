@@ -1473,13 +1473,17 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
             "{{\"at\": \"2026-11-29T10:00:03Z\", \"extend_attempts\": {first}, \"extend_attempts\": {last}, \"by\": \"ops\", \"reason\": \"judge outage\"}}\n"
         )
     };
+    // The last one has no `reason` and a null `by`, which the plan counts (review 49).
     let extensions = [
         extension("1", "4"),
         extension("\"x\"", "2"),
         extension("5", "0"),
+        "{\"at\": \"2026-11-29T10:00:04Z\", \"extend_attempts\": 3, \"by\": null}\n".to_owned(),
     ]
     .concat();
     std::fs::write(&paths.attempt_extension, extensions).expect("extension journal");
+    // A negative count is no line count, as the plan reads it (review 49).
+    std::fs::write(&paths.resubmit_offset, "-1\n").expect("resubmit offsets");
     let report = registry.reindex().await.expect("reindex");
     assert_eq!(report.drift_inserted, 2, "{report:?}");
     let refused: Vec<&str> = report
@@ -1487,9 +1491,13 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
         .iter()
         .map(|(_, why)| why.as_str())
         .collect();
+    assert_eq!(report.resubmits_inserted, 0, "{report:?}");
     assert_eq!(
         refused,
-        ["extend_attempts must be an integer >= 1"],
+        [
+            "extend_attempts must be an integer >= 1",
+            "not a line count"
+        ],
         "{report:?}"
     );
     let events = store
@@ -1508,7 +1516,7 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
     let extensions = store.list_extensions(run).await.expect("extensions");
     let mut added: Vec<i64> = extensions.iter().map(|e| e.extend_attempts).collect();
     added.sort();
-    assert_eq!(added, [2, 4]);
+    assert_eq!(added, [2, 3, 4]);
 }
 
 /// Drift lines a Python collector wrote with `isoformat()` offsets are stored in the one UTC form

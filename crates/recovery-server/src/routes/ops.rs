@@ -139,7 +139,7 @@ pub struct ExtendRequest {
 /// Add attempts to every rollout's cap (operator, `--extend-attempts`).
 #[utoipa::path(post, path = "/runs/{run_id}/attempts/extend", tag = "attempts", request_body = ExtendRequest,
     params(("run_id" = String, Path, description = "Run id")),
-    responses((status = 201, body = recovery_store::AttemptExtension), (status = 422, body = ApiErrorBody), (status = 409, body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 403, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
+    responses((status = 201, body = recovery_store::AttemptExtension), (status = 422, body = ApiErrorBody), (status = 409, description = "run_files_invalid: the extension or resubmit journals hold a line the plan refuses (repair it by hand first); nothing is written", body = ApiErrorBody), (status = 404, body = ApiErrorBody), (status = 403, body = ApiErrorBody), (status = 401, body = ApiErrorBody)))]
 pub async fn extend(
     State(state): State<AppState>,
     Path(run_id): Path<String>,
