@@ -231,6 +231,16 @@ fn rows() -> Value {
     ])
 }
 
+/// The answer's status and stable code (the body shown when they differ).
+fn assert_code(reply: &Reply, status: StatusCode, code: &str) {
+    assert_eq!(
+        (reply.status, reply.body["code"].as_str()),
+        (status, Some(code)),
+        "{}",
+        reply.body
+    );
+}
+
 /// Asserts that no file under `dir` (database, its log, sidecars) holds `needle`.
 fn assert_no_file_holds(dir: &Path, needle: &str) {
     for file in files_under(dir) {
@@ -2318,12 +2328,7 @@ async fn an_unreadable_extension_journal_shows_no_cap_and_is_not_appended_to() {
             Some(extend.clone()),
         )
         .await;
-    assert_eq!(
-        (refused.status, refused.body["code"].as_str()),
-        (StatusCode::CONFLICT, Some("run_files_invalid")),
-        "{}",
-        refused.body
-    );
+    assert_code(&refused, StatusCode::CONFLICT, "run_files_invalid");
     assert_eq!(
         std::fs::read_to_string(&paths.attempt_extension).expect("journal"),
         bad,
@@ -2357,12 +2362,7 @@ async fn an_approval_is_refused_while_the_journal_ends_with_an_unterminated_line
     let refused = app
         .call(Method::POST, &uri, Some(OPERATOR), Some(approve.clone()))
         .await;
-    assert_eq!(
-        (refused.status, refused.body["code"].as_str()),
-        (StatusCode::CONFLICT, Some("run_files_invalid")),
-        "{}",
-        refused.body
-    );
+    assert_code(&refused, StatusCode::CONFLICT, "run_files_invalid");
     assert!(
         refused.body["message"]
             .as_str()
@@ -3741,12 +3741,7 @@ async fn a_legacy_import_of_an_attempt_with_no_number_after_it_is_refused_and_wr
             Some(unsafe_body),
         )
         .await;
-    assert_eq!(
-        (refused.status, refused.body["code"].as_str()),
-        (StatusCode::CONFLICT, Some("run_files_invalid")),
-        "{}",
-        refused.body
-    );
+    assert_code(&refused, StatusCode::CONFLICT, "run_files_invalid");
     assert!(
         refused.body["message"]
             .as_str()

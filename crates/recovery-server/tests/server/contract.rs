@@ -19,16 +19,6 @@ fn nested(depth: usize) -> String {
     format!("{}0{}", "[".repeat(depth), "]".repeat(depth))
 }
 
-/// The answer's status and stable code (the body shown when they differ).
-fn assert_code(reply: &Reply, status: StatusCode, code: &str) {
-    assert_eq!(
-        (reply.status, reply.body["code"].as_str()),
-        (status, Some(code)),
-        "{}",
-        reply.body
-    );
-}
-
 fn assert_invalid_naming(reply: &Reply, field: &str, context: &str) {
     assert_eq!(
         (reply.status, reply.body["code"].as_str()),
