@@ -23,6 +23,10 @@ pub fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ser
     })
 }
 
+/// Why an attempt-extension line adds nothing (decisions §6: `extend_attempts` N >= 1), as
+/// every reader of the journal says it.
+pub const EXTENSION_REFUSED: &str = "extend_attempts must be an integer >= 1";
+
 /// Why a journal cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
@@ -59,7 +63,7 @@ pub fn attempt_extension(reader: impl Read, path: &str) -> Result<u64, JournalEr
                 bad.get_or_insert(JournalError::Invalid {
                     path: path.to_owned(),
                     line: record.line,
-                    message: "extend_attempts must be an integer >= 1".into(),
+                    message: EXTENSION_REFUSED.into(),
                 });
             }
         }

@@ -1152,7 +1152,7 @@ impl Registry {
                 .map_err(|e| e.to_string())
                 .and_then(|line| match line.extend_attempts {
                     1.. => Ok(line),
-                    _ => Err("extend_attempts must be an integer >= 1".to_owned()),
+                    _ => Err(recovery_core::journals::EXTENSION_REFUSED.to_owned()),
                 });
             match parsed {
                 Ok(line) => {

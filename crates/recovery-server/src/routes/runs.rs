@@ -674,7 +674,7 @@ pub async fn get_run(
     drop(section);
     let (extension, budget_problem) = match extension {
         Ok(extension) => (Some(extension), None),
-        Err(problem) => (None, Some(ApiError::from(problem).message)),
+        Err(problem) => (None, Some(problem.to_string())),
     };
     let budget = extension.map(|extension| recovery_core::plan::Budget {
         default_cap: state.config.default_max_attempts,
