@@ -94,7 +94,7 @@ def start_service(
     data_dir: Path, *extra: str, tokens: Sequence[str] = (), port: int | None = None
 ) -> Service:
     """Start the binary on a free loopback port (or ``port``, to start a stopped service again
-    where its clients look for it) and wait for ``GET /healthz``."""
+    where its clients look for it) and wait for ``GET /readyz`` (start-up done)."""
     exe = binary()
     if not exe.exists():
         raise RuntimeError(f"the service binary {exe} does not exist (set RR_BIN)")
@@ -123,7 +123,7 @@ def start_service(
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and process.poll() is None:
             try:
-                if httpx.get(f"{service.url}/healthz", timeout=1).status_code == 200:
+                if httpx.get(f"{service.url}/readyz", timeout=1).status_code == 200:
                     return service
             except httpx.TransportError:
                 pass
@@ -132,7 +132,7 @@ def start_service(
         service.stop()
         if "in use" not in last.lower():
             break
-    raise RuntimeError(f"the service did not become healthy:\n{last}")
+    raise RuntimeError(f"the service did not become ready:\n{last}")
 
 
 def bundle(

@@ -22,6 +22,7 @@ from rollout_recovery_client import (
     ResumeRefusedError,
     RetryPolicy,
     RunLockedError,
+    StartingError,
 )
 from rollout_recovery_client.errors import parse_retry_after
 from support import RunSpec, Service, free_port
@@ -85,6 +86,18 @@ def test_get_503_is_retried_honouring_retry_after() -> None:
         assert c.plan("r").state_counts == {"missing": 1}
     assert len(script.requests) == 3
     assert script.sleeps == [2.0, 1.0]
+
+
+def test_a_starting_service_is_waited_for_like_an_overloaded_one() -> None:
+    body = {"code": "starting", "message": "reindexing", "details": {}}
+    starting = lambda request: httpx.Response(503, json=body, headers={"retry-after": "1"})  # noqa: E731
+    script = Script([starting, starting, answer(200, PLAN)])
+    with script.client() as c:
+        assert c.plan("r").state_counts == {"missing": 1}
+    assert script.sleeps == [1.0, 1.0]
+    with Script([starting]).client(max_attempts=1) as c, pytest.raises(StartingError) as raised:
+        c.plan("r")
+    assert raised.value.retry_after == 1.0
 
 
 def test_503_without_retry_after_backs_off_exponentially() -> None:

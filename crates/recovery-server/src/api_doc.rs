@@ -11,7 +11,7 @@ use utoipa::openapi::security::SecurityRequirement;
 use utoipa::openapi::{Content, OpenApi, Ref, RefOr};
 
 /// Routes any client may call without a token.
-const OPEN_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/openapi.json"];
+pub(crate) const OPEN_ROUTES: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/openapi.json"];
 
 /// Answers every authenticated route can give, with the codes behind them.
 const EVERY_ROUTE: [(&str, &str); 7] = [

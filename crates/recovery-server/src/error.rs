@@ -70,6 +70,10 @@ pub enum ErrorCode {
     /// Too much heavy work (hashing, planning, classifying) is queued: retry after the
     /// `Retry-After` seconds.
     Overloaded,
+    /// The service is starting: it reindexes the sidecars under its roots before it answers
+    /// anything but `/healthz`, `/metrics` and `/openapi.json`; retry after the `Retry-After`
+    /// seconds (`/readyz` answers 200 once it is ready).
+    Starting,
     /// The service failed; nothing was half-written.
     Internal,
 }
@@ -87,7 +91,7 @@ impl ErrorCode {
             Self::LeaseNotHeld => "lease_not_held",
             Self::RunSuperseded => "superseded",
             // The service failed or was saturated: nothing was wrong with the request.
-            Self::Internal | Self::Overloaded | Self::RequestTimeout => "error",
+            Self::Internal | Self::Overloaded | Self::Starting | Self::RequestTimeout => "error",
             _ => "invalid",
         }
     }
@@ -118,7 +122,7 @@ impl ErrorCode {
             Self::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Overloaded | Self::Starting => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -214,7 +218,7 @@ impl IntoResponse for ApiError {
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
         metrics::counter!("rollout_recovery_errors_total", "code" => code).increment(1);
-        let retry_after = (self.code == ErrorCode::Overloaded)
+        let retry_after = matches!(self.code, ErrorCode::Overloaded | ErrorCode::Starting)
             .then_some([(axum::http::header::RETRY_AFTER, "1")]);
         (
             status,

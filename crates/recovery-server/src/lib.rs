@@ -131,6 +131,28 @@ async fn authenticate_oversized(
     next.run(request).await
 }
 
+/// Until start-up is done ([`catch_up`]) only the routes that do not read runs are answered
+/// (`/healthz`, `/readyz`, `/metrics`, `/openapi.json`); every other request is refused 503
+/// `starting` with `Retry-After`, rather than answered from a database that has not caught up
+/// with the sidecars (a run not yet adopted would be 404, a live lease not yet taken again
+/// would be granted to another collector).
+async fn while_starting(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if state.is_ready() || api_doc::OPEN_ROUTES.contains(&request.uri().path()) {
+        return next.run(request).await;
+    }
+    use axum::response::IntoResponse as _;
+    error::ApiError::new(
+        error::ErrorCode::Starting,
+        "the service is starting (reindexing the sidecars under its roots); retry after the \
+         Retry-After seconds, or wait for GET /readyz to answer 200",
+    )
+    .into_response()
+}
+
 /// Without tokens the service answers anyone who reaches its loopback address, so it answers
 /// only requests that name a loopback host: a web page whose name was rebound to 127.0.0.1 (DNS
 /// rebinding) sends its own name as `Host` and is refused, never driving the API or the console.
@@ -294,6 +316,10 @@ pub fn app(state: AppState) -> Router {
         .merge(without_query)
         .merge(ui::router())
         .fallback(error::fallback)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            while_starting,
+        ))
         .layer(middleware::from_fn(record_metrics))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -339,8 +365,19 @@ pub enum StartError {
     Registry(#[from] recovery_runs::RegistryError),
 }
 
-/// Connects the store (migrating it), reindexes the sidecars under the roots, builds the state.
+/// Connects the store (migrating it), reindexes the sidecars under the roots, builds the state:
+/// [`open`] then [`catch_up`], for a service that is ready when it starts listening.
 pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
+    let state = open(config, clock).await?;
+    catch_up(&state).await?;
+    Ok(state)
+}
+
+/// The first part of start-up, before the service listens: checks the configuration, connects
+/// the store (migrating it), makes the directories, removes stale temporaries and finishes or
+/// rolls back interrupted replacements (each quick, and each needed before any request touches
+/// a run). The state is not ready ([`AppState::is_ready`]) until [`catch_up`] has run.
+pub async fn open(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
     config.check().map_err(StartError::Config)?;
     refuse_file_system_root(&config.roots)?;
     // The embedded database is made in the data directory; every other directory waits until
@@ -377,6 +414,25 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         };
         tracing::warn!(output = %output.display(), outcome, "recovered a replacement a crash interrupted");
     }
+    let leases = registry.leases().clone();
+    Ok(AppState::new(state::Shared {
+        config: Arc::new(config),
+        registry,
+        leases,
+        metrics: state::metrics_handle(),
+        heavy: Arc::new(state::HeavyWork::for_this_machine()),
+        plans: Arc::new(state::HeavyWork::plans_for_this_machine()),
+        ready: Arc::default(),
+    }))
+}
+
+/// The rest of start-up, which may take seconds (a million journal lines, about five): brings
+/// the database up to date with the sidecars under the roots, ends the leases that expired while
+/// the service was down and takes the live ones' locks again; then marks the state ready. A
+/// service may listen meanwhile ([`serve_starting`]): it answers `/healthz`, and 503 `starting`
+/// to everything that reads or changes runs.
+pub async fn catch_up(state: &AppState) -> Result<(), StartError> {
+    let registry = &state.registry;
     let reindex_started = Instant::now();
     let report = registry.reindex().await?;
     tracing::info!(
@@ -409,8 +465,7 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
     for (path, reason) in &report.unreadable {
         tracing::warn!(path, reason, "unreadable sidecar left as it is");
     }
-    let leases = registry.leases().clone();
-    match leases.end_expired_while_down().await {
+    match state.leases.end_expired_while_down().await {
         Ok(ended) => {
             for lease in ended {
                 tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expired_at = %lease.expires_at, "a lease expired while the service was down; ended");
@@ -421,15 +476,10 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
         }
     }
     // Live leases survive a restart: their collectors keep the runs they were granted.
-    adopt_live_leases(&registry).await;
-    Ok(AppState::new(state::Shared {
-        config: Arc::new(config),
-        registry,
-        leases,
-        metrics: state::metrics_handle(),
-        heavy: Arc::new(state::HeavyWork::for_this_machine()),
-        plans: Arc::new(state::HeavyWork::plans_for_this_machine()),
-    }))
+    adopt_live_leases(registry).await;
+    state.mark_ready();
+    tracing::info!(seconds = reindex_started.elapsed().as_secs_f64(), "ready");
+    Ok(())
 }
 
 fn create_dir(dir: &std::path::Path) -> Result<(), StartError> {
@@ -484,6 +534,8 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let sweeper_state = state.clone();
     let sweeper = tokio::spawn(async move {
+        // Start-up ends expired leases and adopts live ones itself; sweeps begin after it.
+        sweeper_state.until_ready().await;
         let mut tick = tokio::time::interval(sweeper_state.config.sweep_interval);
         for round in 0u64.. {
             tick.tick().await;
@@ -513,6 +565,58 @@ pub async fn serve(
     }
     state.registry.store().close().await;
     result
+}
+
+/// Why a service that listened during its start-up stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("start-up failed: {0}")]
+    Start(#[from] StartError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// [`serve`] for a state [`open`] returned: listens at once and runs [`catch_up`] meanwhile, so
+/// a supervisor sees a live process (`/healthz`) and waits on `/readyz` while the sidecars are
+/// reindexed, and clients are answered 503 `starting` with `Retry-After` instead of a refused
+/// connection. A start-up that fails stops the service (requests in progress drain) and is the
+/// error returned.
+pub async fn serve_starting(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (failed, start_failed) = tokio::sync::oneshot::channel::<StartError>();
+    let starting = state.clone();
+    let start_up = tokio::spawn(async move {
+        if let Err(e) = catch_up(&starting).await {
+            tracing::error!(error = %e, "start-up failed; stopping");
+            let _ = failed.send(e);
+        }
+    });
+    // The failure travels out through this slot: `serve` owns the stop future.
+    let failure = Arc::new(std::sync::Mutex::new(None));
+    let slot = failure.clone();
+    let stop = async move {
+        tokio::select! {
+            () = shutdown => {}
+            Ok(e) = start_failed => {
+                *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+            }
+        }
+    };
+    let served = serve(listener, state, stop).await;
+    // A stop asked for during start-up abandons it: each of its steps commits on its own and a
+    // reindex begun again at the next start reads from the marks it left.
+    start_up.abort();
+    let failed = failure
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    match failed {
+        Some(e) => Err(ServeError::Start(e)),
+        None => Ok(served?),
+    }
 }
 
 /// A client has this long to send a request's head (the request line and headers) once it

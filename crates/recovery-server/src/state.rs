@@ -30,6 +30,40 @@ impl AppState {
         shared.heavy = heavy;
         Self::new(shared)
     }
+
+    /// Whether start-up is done (the sidecars reindexed, live leases taken again): until then
+    /// only `/healthz`, `/readyz`, `/metrics` and `/openapi.json` are answered.
+    pub fn is_ready(&self) -> bool {
+        self.ready.done.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Declares start-up done (every waiter of [`Self::until_ready`] wakes).
+    pub fn mark_ready(&self) {
+        self.ready
+            .done
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.ready.changed.notify_waiters();
+    }
+
+    /// Resolves once start-up is done.
+    pub async fn until_ready(&self) {
+        loop {
+            // Made before the check: a `notify_waiters` after it wakes it even if not yet polled.
+            let changed = self.ready.changed.notified();
+            if self.is_ready() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// Whether start-up is done: a flag every request reads (one atomic load, no lock shared by
+/// the cores), and a wake-up for the few that wait for it.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    done: std::sync::atomic::AtomicBool,
+    changed: tokio::sync::Notify,
 }
 
 impl std::ops::Deref for AppState {
@@ -52,6 +86,8 @@ pub struct Shared {
     /// Bounds plan builds (each reads a run's whole files; a 100k-rollout plan takes seconds
     /// and a gigabyte), separately and more tightly than other heavy work.
     pub plans: Arc<HeavyWork>,
+    /// Start-up done ([`AppState::is_ready`]).
+    pub ready: Arc<Readiness>,
 }
 
 /// Heavy blocking work (classifying batches, building plans) on threads of its own that run at

@@ -3881,3 +3881,48 @@ async fn item_6_a_credential_from_the_environment_is_never_needed_to_resume() {
     assert_eq!(reused.body["outcome"], "reuse", "{}", reused.body);
     assert_no_file_holds(&app.root, "e2b-live-KEY");
 }
+
+/// A state opened but not caught up (the service listens during its start-up reindex) answers
+/// only the routes that read no run; the rest are refused 503 `starting`, and a refused change
+/// writes nothing. Once start-up is done the run on disk is known and `/readyz` answers 200.
+#[tokio::test]
+async fn a_service_that_has_not_caught_up_answers_starting_and_changes_nothing() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let rebuilt_dir = tempfile::tempdir().expect("dir");
+    let mut config = app.config.clone();
+    config.data_dir = rebuilt_dir.path().join("data");
+    let opened = recovery_server::open(config, app.clock.clone())
+        .await
+        .expect("open on a new database");
+    let other_output = app.root.join("other/out.jsonl");
+    let mut create = app.create_body();
+    create["output_path"] = json!(other_output);
+    let run_uri = format!("/runs/{run_id}");
+    let refused: [(Method, &str, &str, Option<Value>); 5] = [
+        (Method::GET, "/readyz", VIEWER, None),
+        (Method::GET, &run_uri, VIEWER, None),
+        (Method::GET, "/runs", VIEWER, None),
+        (Method::POST, "/runs", COLLECTOR, Some(create)),
+        (Method::GET, "/ui", VIEWER, None),
+    ];
+    for (method, uri, token, body) in refused {
+        let body = body.map(|b| b.to_string());
+        let reply = send(opened.clone(), method.clone(), uri, Some(token), body).await;
+        assert_code(&reply, StatusCode::SERVICE_UNAVAILABLE, "starting");
+    }
+    assert!(
+        !other_output.parent().expect("dir").exists(),
+        "a create refused while starting writes nothing"
+    );
+    for uri in ["/healthz", "/metrics", "/openapi.json"] {
+        let reply = send(opened.clone(), Method::GET, uri, None, None).await;
+        assert_eq!(reply.status, StatusCode::OK, "{uri} while starting");
+    }
+
+    recovery_server::catch_up(&opened).await.expect("catch up");
+    let ready = send(opened.clone(), Method::GET, "/readyz", None, None).await;
+    assert_eq!(ready.status, StatusCode::OK, "{}", ready.body);
+    let known = send(opened, Method::GET, &run_uri, Some(VIEWER), None).await;
+    assert_eq!(known.status, StatusCode::OK, "{}", known.body);
+}

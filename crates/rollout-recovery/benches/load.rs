@@ -436,14 +436,14 @@ impl Service {
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if is_ready(port) {
                 return Ok(service);
             }
             if let Some(child) = service.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
                 return Err(format!(
-                    "the service exited ({status}) before listening: {}",
+                    "the service exited ({status}) before it was ready: {}",
                     service.log_tail()
                 ));
             }
@@ -2066,4 +2066,18 @@ async fn console_times(
         }
     }
     Ok(notes)
+}
+
+/// Whether the service on `port` answers `GET /readyz` 200: its start-up (the reindex of the
+/// sidecars under its roots) is done. It listens before that, answering 503 `starting`.
+fn is_ready(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let asked =
+        stream.write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+    let mut status = [0u8; 12];
+    asked.is_ok() && stream.read_exact(&mut status).is_ok() && &status == b"HTTP/1.1 200"
 }

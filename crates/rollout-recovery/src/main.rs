@@ -214,20 +214,22 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let bind = config.bind;
     let authenticated = !config.tokens.is_empty();
     let socket = reserve(bind).with_context(|| format!("cannot listen on {bind}"))?;
-    let state = recovery_server::start(config, recovery_server::system_clock()).await?;
+    let state = recovery_server::open(config, recovery_server::system_clock()).await?;
     let listener = socket
         .listen(1024)
         .with_context(|| format!("cannot listen on {bind}"))?;
-    tracing::info!(address = %listener.local_addr()?, authenticated, "rollout-recovery serving");
-    recovery_server::serve(listener, state, shutdown_signal()).await?;
+    // Listening while start-up reindexes: `/healthz` answers, `/readyz` once it is done.
+    tracing::info!(address = %listener.local_addr()?, authenticated, "rollout-recovery listening; starting");
+    recovery_server::serve_starting(listener, state, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }
 
 /// The address `bind`, taken before the service opens its database or any file, so a port in
 /// use fails the start at once and leaves nothing behind (no database file made, migrated and
-/// reindexed, no live lease taken over for a process about to exit). Not listened on yet: until
-/// the service is ready a connection is refused, never left waiting in the backlog.
+/// reindexed, no live lease taken over for a process about to exit). Listened on once the
+/// database is open: connections are answered from then on (503 `starting` until start-up's
+/// reindex is done), never left waiting in the backlog.
 fn reserve(bind: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
     let socket = if bind.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?

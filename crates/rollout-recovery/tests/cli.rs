@@ -12,6 +12,26 @@ const OPERATOR: &str = "operator-token-0123456789";
 const COLLECTOR: &str = "collector-token-0123456789";
 const VIEWER: &str = "viewer-token-0123456789";
 
+/// Whether the service on `port` answers `GET /readyz` 200: its start-up (the reindex of the
+/// sidecars under its roots) is done. It listens before that, answering 503 `starting`.
+fn is_ready(port: u16) -> bool {
+    answers_ok(port, "/readyz")
+}
+
+/// Whether the service on `port` answers `GET path` 200 (one request, its own connection).
+fn answers_ok(port: u16, path: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let request = format!("GET {path} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+    let mut status = [0u8; 12];
+    stream.write_all(request.as_bytes()).is_ok()
+        && stream.read_exact(&mut status).is_ok()
+        && &status == b"HTTP/1.1 200"
+}
+
 #[path = "cli/chaos.rs"]
 mod chaos;
 #[path = "cli/console.rs"]
@@ -59,12 +79,12 @@ impl Server {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if is_ready(port) {
                 return server;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("the service did not start listening");
+        panic!("the service did not become ready");
     }
 
     /// SIGTERM, then the exit status.
@@ -811,7 +831,7 @@ async fn serve_binds_a_host_name_and_logs_without_colours_to_a_file() {
         "localhost:{port} is 127.0.0.1"
     );
     let text = std::fs::read_to_string(&log).expect("log");
-    assert!(text.contains("rollout-recovery serving"), "{text}");
+    assert!(text.contains("rollout-recovery listening"), "{text}");
     assert!(
         !text.contains('\x1b'),
         "no ANSI escapes in a log file: {text:?}"
@@ -960,7 +980,7 @@ fn started_or_refused(mut child: std::process::Child) -> (bool, String) {
             break;
         }
         text.push_str(&String::from_utf8_lossy(&buffer[..n]));
-        if text.contains("rollout-recovery serving") {
+        if text.contains("rollout-recovery listening") {
             let _ = child.kill();
             let _ = child.wait();
             return (true, text);

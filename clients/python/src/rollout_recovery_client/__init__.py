@@ -50,6 +50,7 @@ from .errors import (
     RunLockedError,
     RunSupersededError,
     SemanticKey,
+    StartingError,
     UnauthenticatedError,
     UriTooLongError,
 )
@@ -162,6 +163,7 @@ __all__ = [
     "RunSupersededError",
     "RunView",
     "SemanticKey",
+    "StartingError",
     "UnauthenticatedError",
     "UriTooLongError",
     "ValidateResult",

@@ -337,7 +337,8 @@ class RecoveryClient:
         return self._send("GET", "/healthz").status_code == 200
 
     def readyz(self) -> bool:
-        """Whether the database answers (``GET /readyz``; a 503 is ``False``)."""
+        """Whether the service is ready: its start-up reindex is done and the database answers
+        (``GET /readyz``; a 503, ``starting`` or a database down, is ``False``)."""
         try:
             self._send("GET", "/readyz", idempotent=False)
         except RecoveryError as error:

@@ -318,6 +318,12 @@ class OverloadedError(RecoveryError):
         self.retry_after = retry_after
 
 
+class StartingError(OverloadedError):
+    """503 ``starting``: the service listens while its start-up reindex runs and answers runs
+    only once it is done (``GET /readyz`` 200); an :class:`OverloadedError` too, since both mean
+    retry after ``retry_after``."""
+
+
 class InternalError(RecoveryError):
     """500 ``internal``: the service failed (nothing was half-written; see its log)."""
 
@@ -408,6 +414,7 @@ ERROR_CLASSES: dict[str, type[RecoveryError]] = {
     "headers_too_large": HeadersTooLargeError,
     "request_timeout": RequestTimeoutError,
     "overloaded": OverloadedError,
+    "starting": StartingError,
     "internal": InternalError,
 }
 
@@ -461,8 +468,6 @@ def error_from_response(
         message = f"{method} {path} answered HTTP {status}" + (f": {snippet}" if snippet else "")
         details = {}
     cls = ERROR_CLASSES.get(code, RecoveryError)
-    if cls is OverloadedError:
-        return OverloadedError(
-            code, message, details, status, retry_after=parse_retry_after(retry_after)
-        )
+    if issubclass(cls, OverloadedError):
+        return cls(code, message, details, status, retry_after=parse_retry_after(retry_after))
     return cls(code, message, details, status)

@@ -12,14 +12,21 @@ pub async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Readiness: the database answers.
-#[utoipa::path(get, path = "/readyz", tag = "system", responses((status = 200, description = "ready"), (status = 503, description = "the database does not answer")))]
-pub async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
+/// Readiness: start-up is done (the sidecars under the roots reindexed) and the database answers.
+#[utoipa::path(get, path = "/readyz", tag = "system", responses((status = 200, description = "ready"), (status = 503, description = "the service is starting (`starting`, with `Retry-After`), or the database does not answer")))]
+pub async fn readyz(State(state): State<AppState>) -> axum::response::Response {
+    if !state.is_ready() {
+        return crate::error::ApiError::new(
+            crate::error::ErrorCode::Starting,
+            "the service is starting (reindexing the sidecars under its roots)",
+        )
+        .into_response();
+    }
     match state.registry.store().ping().await {
-        Ok(()) => (StatusCode::OK, "ready"),
+        Ok(()) => (StatusCode::OK, "ready").into_response(),
         Err(e) => {
             tracing::warn!(error = %e, "readiness check failed");
-            (StatusCode::SERVICE_UNAVAILABLE, "database unavailable")
+            (StatusCode::SERVICE_UNAVAILABLE, "database unavailable").into_response()
         }
     }
 }

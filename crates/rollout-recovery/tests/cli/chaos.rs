@@ -71,13 +71,25 @@ fn seed() -> u64 {
 
 impl Server {
     /// Starts `serve` on `port` (a free one when `None`) with extra environment, its stderr
-    /// appended to `log`; returns once it accepts connections, and fails at once when it exits.
+    /// appended to `log`; returns once it is ready (`/readyz`), and fails at once when it exits.
     pub(super) fn start_with(
         data: &Path,
         root: &Path,
         port: Option<u16>,
         env: &[(&str, &str)],
         log: &Path,
+    ) -> Self {
+        Self::start_until(data, root, port, env, log, crate::is_ready)
+    }
+
+    /// [`Self::start_with`], returning once `reached(port)` holds.
+    fn start_until(
+        data: &Path,
+        root: &Path,
+        port: Option<u16>,
+        env: &[(&str, &str)],
+        log: &Path,
+        reached: fn(u16) -> bool,
     ) -> Self {
         let port = port.unwrap_or_else(|| {
             std::net::TcpListener::bind("127.0.0.1:0")
@@ -119,11 +131,11 @@ impl Server {
         loop {
             if let Some(status) = child.try_wait().expect("child status") {
                 panic!(
-                    "the service exited before listening ({status}): {}",
+                    "the service exited before it was ready ({status}): {}",
                     std::fs::read_to_string(log).unwrap_or_default()
                 );
             }
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            if reached(port) {
                 return Self {
                     child,
                     url: format!("http://127.0.0.1:{port}"),
@@ -131,9 +143,9 @@ impl Server {
             }
             assert!(
                 Instant::now() < deadline,
-                "the service did not start listening on {port}"
+                "the service did not reach its state on {port}"
             );
-            // Polling for readiness, not standing in for it.
+            // Polling for the state, not standing in for it.
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -315,18 +327,22 @@ impl Chaos {
         let response = request.send().await.ok()?;
         let status = response.status().as_u16();
         let bytes = response.bytes().await.ok()?;
-        Some((
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        ))
+        let reply = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        // A restarted service refuses everything 503 `starting` until its reindex is done: no
+        // answer yet, as while it was down (wait for it and ask again).
+        if status == 503 && code(&reply) == "starting" {
+            return None;
+        }
+        Some((status, reply))
     }
 
-    /// Polls until a service answers `/healthz` (short back-offs while it is down).
+    /// Polls until a service answers `/readyz` 200 (short back-offs while it is down or
+    /// starting).
     async fn wait_up(&self) {
         let deadline = Instant::now() + COME_BACK;
         loop {
             if let Some((200, _)) = self
-                .send(reqwest::Method::GET, "/healthz", VIEWER, None)
+                .send(reqwest::Method::GET, "/readyz", VIEWER, None)
                 .await
             {
                 return;
@@ -2273,4 +2289,176 @@ async fn legacy_imports_killed_in_the_middle_leave_each_output_imported_whole_or
         retried + acknowledged > 0 && killed_mid_way > 0,
         "the kills fell in the middle of imports ({killed_mid_way} unanswered)"
     );
+}
+
+/// A run made by a service on `database` (stopped again), and a drift line a collector appended
+/// to its journal while no service ran: the next start's reindex has it to insert.
+async fn a_run_with_drift_to_reindex(
+    data: &Path,
+    root: &Path,
+    env: &[(&str, &str)],
+    log: &Path,
+) -> String {
+    let first = Server::start_with(data, root, None, env, log);
+    let rows =
+        json!([{"agent_ref": {"name": "agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0}]);
+    let body = json!({"output_path": root.join("exp/out.jsonl"),
+        "source_path": root.join("src/train.jsonl"), "config": config(0.3),
+        "global_config": global(8000), "rows": rows});
+    let (status, created) = post(&reqwest::Client::new(), &first, "/runs", body).await;
+    assert_eq!(status, 201, "{created}");
+    let run_id = created["run_id"].as_str().expect("run id").to_owned();
+    assert!(first.terminate().success());
+    let line = json!({"at": "2026-12-05T10:00:00.000000Z", "run_id": run_id,
+        "saved_config_digest": "s".repeat(64), "current_config_digest": "c".repeat(64),
+        "operational_keys": ["policy.timeout"]});
+    std::fs::write(
+        root.join("exp/out_manifest_resume_drift.jsonl"),
+        format!("{line}\n"),
+    )
+    .expect("journal");
+    run_id
+}
+
+/// Another process (`psql`) holding the drift table of `database` locked until its stdin is
+/// written `COMMIT;` (or it goes): a reindex that has drift to insert waits for it.
+fn hold_the_drift_table(
+    database: &ScratchDatabase,
+) -> (std::process::Child, std::process::ChildStdin) {
+    let mut holder = Command::new("psql")
+        .arg(&database.url)
+        .args(["-q", "-t", "-A", "-v", "ON_ERROR_STOP=1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("psql");
+    let mut to_holder = holder.stdin.take().expect("stdin");
+    std::io::Write::write_all(
+        &mut to_holder,
+        b"BEGIN; LOCK TABLE drift_events IN EXCLUSIVE MODE; SELECT 'locked';\n",
+    )
+    .expect("lock");
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut said,
+    )
+    .expect("psql answers");
+    assert_eq!(said.trim(), "locked");
+    (holder, to_holder)
+}
+
+/// A restarted service listens while its start-up reindexes the sidecars: `/healthz` answers at
+/// once, while `/readyz` and every route over runs answer 503 `starting` with `Retry-After`
+/// (nothing is read from, or written to, a database that has not caught up); once the reindex
+/// is done `/readyz` answers 200 and the lines a collector appended while the service was down
+/// are listed. The reindex is held back by another process holding the drift table locked, so
+/// the order of these events is fixed rather than timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_service_answers_starting_until_its_reindex_is_done() {
+    let mut rng = Rng::new(seed());
+    let database = ScratchDatabase::create(&mut rng);
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let (data, log) = (dir.path().join("data"), dir.path().join("service.log"));
+    let env = [("RR_DATABASE_URL", database.url.as_str())];
+    let run_id = a_run_with_drift_to_reindex(&data, &root, &env, &log).await;
+    let (mut holder, mut to_holder) = hold_the_drift_table(&database);
+    let starting = Server::start_until(&data, &root, None, &env, &log, |port| {
+        crate::answers_ok(port, "/healthz")
+    });
+    let client = reqwest::Client::new();
+    let run_path = format!("/runs/{run_id}");
+    for (method, path, token) in [
+        (reqwest::Method::GET, "/readyz", VIEWER),
+        (reqwest::Method::GET, run_path.as_str(), VIEWER),
+        (reqwest::Method::GET, "/drift", VIEWER),
+        (reqwest::Method::POST, "/reindex", OPERATOR),
+    ] {
+        let response = client
+            .request(method.clone(), format!("{}{path}", starting.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(response.status(), 503, "{method} {path} while starting");
+        let retry_after = response.headers().get("retry-after").cloned();
+        assert_eq!(
+            retry_after.as_ref().and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
+        let reply: Value = response.json().await.expect("json");
+        assert_eq!(code(&reply), "starting", "{method} {path}: {reply}");
+    }
+    for path in ["/healthz", "/metrics", "/openapi.json"] {
+        assert!(
+            crate::answers_ok(starting.port(), path),
+            "{path} while starting"
+        );
+    }
+
+    std::io::Write::write_all(&mut to_holder, b"COMMIT;\n").expect("unlock");
+    drop(to_holder);
+    assert!(holder.wait().expect("psql").success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !crate::is_ready(starting.port()) {
+        assert!(Instant::now() < deadline, "not ready once the lock went");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, drift) = super::call(
+        &client,
+        &starting,
+        reqwest::Method::GET,
+        &format!("/runs/{run_id}/drift"),
+        VIEWER,
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{drift}");
+    let listed = drift["events"].as_array().expect("events");
+    assert_eq!(listed.len(), 1, "{drift}");
+    assert_eq!(listed[0]["operational_keys"], json!(["policy.timeout"]));
+    assert!(starting.terminate().success());
+}
+
+/// A start-up reindex that fails (here its database is dropped under it, while it waits for the
+/// drift table) stops the service that was listening meanwhile: it exits with code 2 and logs
+/// why, rather than serving from a database that never caught up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_up_reindex_that_fails_stops_the_service() {
+    let mut rng = Rng::new(seed());
+    let database = ScratchDatabase::create(&mut rng);
+    let dir = tempfile::tempdir().expect("dir");
+    let (_, root, _) = prepare(dir.path());
+    let root = std::fs::canonicalize(&root).expect("root");
+    let (data, log) = (dir.path().join("data"), dir.path().join("service.log"));
+    let env = [("RR_DATABASE_URL", database.url.as_str())];
+    a_run_with_drift_to_reindex(&data, &root, &env, &log).await;
+    let (mut holder, to_holder) = hold_the_drift_table(&database);
+    let mut starting = Server::start_until(&data, &root, None, &env, &log, |port| {
+        crate::answers_ok(port, "/healthz")
+    });
+    assert!(!crate::is_ready(starting.port()), "held back by the lock");
+    let dropped = psql(
+        &database.admin,
+        &format!("DROP DATABASE {} WITH (FORCE)", database.name),
+    );
+    assert!(
+        dropped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dropped.stderr)
+    );
+    drop(to_holder);
+    let _ = holder.wait();
+    let status = starting.child.wait().expect("the service stops");
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let text = std::fs::read_to_string(&log).expect("log");
+    assert!(text.contains("start-up failed"), "{text}");
 }
