@@ -44,19 +44,25 @@ pub struct ExtensionLine {
     /// As [`DriftLine::id`].
     #[serde(default, skip_serializing)]
     pub id: Option<String>,
+    /// The plan counts a line by its `extend_attempts` alone, so the record of it is never
+    /// refused for its other fields: each reads as [`any_as_text`] (hostile reviews 49, 50).
+    #[serde(default, deserialize_with = "any_as_text")]
     pub at: String,
     pub extend_attempts: i64,
-    /// Missing or null reads as empty: the plan counts a line by its `extend_attempts` alone,
-    /// so the record of it must not be refused for lack of a name (hostile review 49).
-    #[serde(default, deserialize_with = "null_as_empty")]
+    #[serde(default, deserialize_with = "any_as_text")]
     pub by: String,
-    #[serde(default, deserialize_with = "null_as_empty")]
+    #[serde(default, deserialize_with = "any_as_text")]
     pub reason: String,
 }
 
-/// A string field that may be missing or null in a hand-written line: empty then.
-fn null_as_empty<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    Ok(Option::<String>::deserialize(deserializer)?.unwrap_or_default())
+/// A text field of a hand-written line: missing or null reads as empty, a string as itself, any
+/// other value as its JSON text.
+fn any_as_text<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    Ok(match serde_json::Value::deserialize(deserializer)? {
+        serde_json::Value::Null => String::new(),
+        serde_json::Value::String(text) => text,
+        other => other.to_string(),
+    })
 }
 
 /// The id of the resubmit recorded on a given line of `<stem>_resubmit_offset` (that file holds

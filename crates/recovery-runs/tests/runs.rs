@@ -1473,12 +1473,16 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
             "{{\"at\": \"2026-11-29T10:00:03Z\", \"extend_attempts\": {first}, \"extend_attempts\": {last}, \"by\": \"ops\", \"reason\": \"judge outage\"}}\n"
         )
     };
-    // The last one has no `reason` and a null `by`, which the plan counts (review 49).
+    // The last ones have no `reason`, a null `by`, a `by` that is no string, no `at`: the plan
+    // counts them by `extend_attempts` alone, so they are recorded (reviews 49, 50).
     let extensions = [
         extension("1", "4"),
         extension("\"x\"", "2"),
         extension("5", "0"),
         "{\"at\": \"2026-11-29T10:00:04Z\", \"extend_attempts\": 3, \"by\": null}\n".to_owned(),
+        "{\"at\": \"2026-11-29T10:00:05Z\", \"extend_attempts\": 5, \"by\": {\"team\": 7}}\n"
+            .to_owned(),
+        "{\"extend_attempts\": 6, \"by\": \"ops\", \"reason\": 12}\n".to_owned(),
     ]
     .concat();
     std::fs::write(&paths.attempt_extension, extensions).expect("extension journal");
@@ -1516,7 +1520,14 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
     let extensions = store.list_extensions(run).await.expect("extensions");
     let mut added: Vec<i64> = extensions.iter().map(|e| e.extend_attempts).collect();
     added.sort();
-    assert_eq!(added, [2, 3, 4]);
+    assert_eq!(added, [2, 3, 4, 5, 6]);
+    let named: Vec<(&str, &str)> = extensions
+        .iter()
+        .filter(|e| e.extend_attempts >= 5)
+        .map(|e| (e.by.as_str(), e.reason.as_str()))
+        .collect();
+    assert!(named.contains(&("{\"team\":7}", "")), "{named:?}");
+    assert!(named.contains(&("ops", "12")), "{named:?}");
 }
 
 /// Drift lines a Python collector wrote with `isoformat()` offsets are stored in the one UTC form
