@@ -2,8 +2,13 @@
 //! read drift history, operators approve reruns, and the service owns each run's lock.
 //!
 //! - [`app`]: the router (tests drive it in process with `oneshot`).
-//! - [`start`]: connect the store, reindex the sidecars, and build the state.
+//! - [`start`]: connect the store, reindex the sidecars, and build the state: [`open`] (before
+//!   listening: the store, stale temporaries, interrupted replacements) then [`catch_up`] (the
+//!   reindex, expired and live leases; the state is ready after it).
 //! - [`serve`]: listen until shutdown; live leases are kept, and taken again by the next start.
+//!   [`serve_starting`]: the same for a state [`open`] returned, running [`catch_up`] while it
+//!   listens (every route but `/healthz`, `/readyz`, `/metrics` and `/openapi.json` answers 503
+//!   `starting` until then).
 //! - [`openapi`]: the OpenAPI document (committed at `openapi/openapi.json`).
 
 pub mod api_doc;
