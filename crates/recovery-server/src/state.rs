@@ -285,6 +285,30 @@ impl AppState {
         Ok((run, paths))
     }
 
+    /// Adopts again each of `runs` recorded as superseded whose output's manifest names it
+    /// again (restored, or a takeover by hand undone), as a lookup of it would ([`Self::run`]):
+    /// a list answers what the files say, not a superseded mark a lookup would correct (hostile
+    /// review 46, N4). Whether any was adopted. A run whose adoption is refused stays as it is
+    /// recorded (logged): one run's files never fail a list.
+    pub async fn readopt_restored(&self, runs: &[RunRecord]) -> ApiResult<bool> {
+        let mut adopted = false;
+        for run in runs.iter().filter(|run| run.superseded_by.is_some()) {
+            let Ok(paths) = self.registry.paths_for(Path::new(&run.output_path)) else {
+                continue;
+            };
+            if self.owner_on_disk(&paths).await?.as_deref() != Some(run.run_id.as_str()) {
+                continue;
+            }
+            match self.registry.adopt(&paths.output).await {
+                Ok(_) => adopted = true,
+                Err(e) => {
+                    tracing::warn!(run_id = %run.run_id, error = %e, "a restored run could not be adopted again")
+                }
+            }
+        }
+        Ok(adopted)
+    }
+
     /// The database's record of `run_id`, or 404.
     async fn record(&self, run_id: &str) -> ApiResult<RunRecord> {
         self.registry

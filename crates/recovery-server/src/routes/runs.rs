@@ -636,11 +636,13 @@ pub async fn list_runs(
     };
     let limit = crate::error::page_limit(params.limit, 100)?;
     // One more than the page: a cursor is given only when another run follows.
-    let runs = state
-        .registry
-        .store()
-        .list_runs(limit + 1, cursor.as_ref())
-        .await?;
+    let store = state.registry.store();
+    let mut runs = store.list_runs(limit + 1, cursor.as_ref()).await?;
+    // The files are the truth: a run listed as superseded whose manifest names it again takes
+    // its output back first, and the page is read again with both runs as they are now.
+    if state.readopt_restored(&runs).await? {
+        runs = store.list_runs(limit + 1, cursor.as_ref()).await?;
+    }
     let (runs, next_cursor) = crate::error::keyset_page(runs, limit, |r| Cursor {
         at: r.created_at.clone(),
         id: r.run_id.clone(),

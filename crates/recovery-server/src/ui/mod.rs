@@ -256,18 +256,29 @@ async fn runs(
         .as_deref()
         .and_then(recovery_store::Cursor::decode);
     let store = state.registry.store();
-    let listed = match search {
-        Some(text) => {
-            store
-                .search_runs(text, RUNS_PAGE + 1, cursor.as_ref())
-                .await
+    let list = || async {
+        match search {
+            Some(text) => {
+                store
+                    .search_runs(text, RUNS_PAGE + 1, cursor.as_ref())
+                    .await
+            }
+            None => store.list_runs(RUNS_PAGE + 1, cursor.as_ref()).await,
         }
-        None => store.list_runs(RUNS_PAGE + 1, cursor.as_ref()).await,
     };
-    let mut records = match listed {
+    let mut records = match list().await {
         Ok(records) => records,
         Err(e) => return pages::api_error_page(&e.into(), None),
     };
+    // As the API's list: a restored run listed as superseded takes its output back first.
+    match state.readopt_restored(&records).await {
+        Ok(false) => {}
+        Ok(true) => match list().await {
+            Ok(again) => records = again,
+            Err(e) => return pages::api_error_page(&e.into(), None),
+        },
+        Err(e) => return pages::api_error_page(&e, None),
+    }
     let next = (records.len() > RUNS_PAGE as usize)
         .then(|| {
             records.truncate(RUNS_PAGE as usize);

@@ -3043,13 +3043,15 @@ async fn a_run_whose_manifest_is_restored_takes_its_output_back_at_its_next_look
         superseded.body
     );
     std::fs::write(&paths.manifest, &original).expect("restored");
-    let lookups: Vec<_> = (0..12)
+    let lookups: Vec<_> = (0..16)
         .map(|n| {
             let state = app.state.clone();
-            let uri = match n % 3 {
+            let uri = match n % 4 {
                 0 => format!("/runs/{run_id}"),
                 1 => format!("/runs/{run_id}/plan"),
-                _ => format!("/runs/{run_id}/approvals"),
+                2 => format!("/runs/{run_id}/approvals"),
+                // The list answers what the files say too (hostile review 46, N4).
+                _ => "/runs".to_owned(),
             };
             tokio::spawn(async move { send(state, Method::GET, &uri, Some(VIEWER), None).await })
         })
@@ -3057,6 +3059,16 @@ async fn a_run_whose_manifest_is_restored_takes_its_output_back_at_its_next_look
     for lookup in lookups {
         let reply = lookup.await.expect("lookup");
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        if let Some(listed) = reply.body["runs"].as_array() {
+            let superseded_by = |id: &str| {
+                listed
+                    .iter()
+                    .find(|run| run["run_id"] == id)
+                    .map(|run| run["superseded_by"].clone())
+            };
+            assert_eq!(superseded_by(&run_id), Some(Value::Null), "{}", reply.body);
+            assert_eq!(superseded_by(other), Some(json!(run_id)), "{}", reply.body);
+        }
     }
     let replaced = app
         .call(Method::GET, &format!("/runs/{other}"), Some(VIEWER), None)
