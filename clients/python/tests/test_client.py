@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import queue
+import subprocess
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -37,8 +38,10 @@ from support import (
     RunSpec,
     Service,
     append_jsonl,
+    binary,
     bundle,
     failure_row,
+    free_port,
     input_rows,
     make_run,
     masked_row,
@@ -55,6 +58,25 @@ def test_system_endpoints(client: RecoveryClient) -> None:
     assert doc["info"]["title"] == "rollout-recovery"
     assert "/runs/{run_id}/validate" in doc["paths"]
     assert "rollout_recovery_http_requests_total" in client.metrics()
+
+
+def test_wait_until_ready_waits_for_a_service_that_is_not_up_yet(tmp_path: Path) -> None:
+    port = free_port()
+    with RecoveryClient(f"http://127.0.0.1:{port}") as early:
+        with pytest.raises(TimeoutError):
+            early.wait_until_ready(timeout=0.2, interval=0.05)
+        process = subprocess.Popen(
+            [str(binary()), "serve", "--bind", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            early.wait_until_ready(timeout=60, interval=0.02)
+            assert early.readyz() is True
+            assert early.list_runs().runs == []
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def test_create_get_find_and_list_runs(client: RecoveryClient, root: Path) -> None:

@@ -98,6 +98,13 @@ def test_a_starting_service_is_waited_for_like_an_overloaded_one() -> None:
     with Script([starting]).client(max_attempts=1) as c, pytest.raises(StartingError) as raised:
         c.plan("r")
     assert raised.value.retry_after == 1.0
+    # Refused before anything was read or written: a call that changes a run is sent again too.
+    script = Script([starting, answer(200, {"lease_id": "l"})])
+    with script.client() as c:
+        assert c.request("POST", "/runs/r/attempts/extend", json={"extend_attempts": 1}) == {
+            "lease_id": "l"
+        }
+    assert len(script.requests) == 2
 
 
 def test_503_without_retry_after_backs_off_exponentially() -> None:

@@ -20,6 +20,7 @@ from .errors import (
     OverloadedError,
     RecoveryConnectionError,
     RecoveryError,
+    StartingError,
     error_from_response,
     parse_retry_after,
 )
@@ -203,6 +204,7 @@ class RecoveryClient:
         idempotent: bool | None = None,
         check_leases: bool = True,
         secret: str | None = None,
+        retry_starting: bool = True,
     ) -> httpx.Response:
         """Send one request (retrying what is safe) and answer its success, or raise.
 
@@ -267,7 +269,10 @@ class RecoveryClient:
                 retry_after=response.headers.get("retry-after"),
                 text=response.text if body is None else "",
             )
-            if idempotent and can_retry and status in policy.retry_statuses:
+            # A 503 `starting` was refused before anything was read or written (the service
+            # is reindexing at start-up): as safe to send again as a refused connection.
+            starting = retry_starting and isinstance(error, StartingError)
+            if (idempotent or starting) and can_retry and status in policy.retry_statuses:
                 delay = policy.delay(
                     attempt, parse_retry_after(response.headers.get("retry-after"))
                 )
@@ -340,12 +345,28 @@ class RecoveryClient:
         """Whether the service is ready: its start-up reindex is done and the database answers
         (``GET /readyz``; a 503, ``starting`` or a database down, is ``False``)."""
         try:
-            self._send("GET", "/readyz", idempotent=False)
+            self._send("GET", "/readyz", idempotent=False, retry_starting=False)
         except RecoveryError as error:
             if error.status == 503:
                 return False
             raise
         return True
+
+    def wait_until_ready(self, timeout: float = 300.0, interval: float = 0.5) -> None:
+        """Wait until the service is ready (``GET /readyz`` 200), through a service that is not
+        listening yet or is still reindexing at start-up (503 ``starting``); a collector
+        started beside the service calls this first. Raises ``TimeoutError`` after ``timeout``
+        seconds (a service that stays down, or a start-up longer than that)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.readyz():
+                    return
+            except RecoveryConnectionError:
+                pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{self._url} was not ready within {timeout} s")
+            time.sleep(interval)
 
     def openapi(self) -> dict[str, Any]:
         """The service's OpenAPI document."""

@@ -80,6 +80,7 @@ def guard_run(
     lease_wait: float = 0.0,
     renew_fraction: float = 1 / 3,
     on_lease_lost: LostCallback | None = None,
+    ready_wait: float = 300.0,
 ) -> Iterator[RunGuard]:
     """Find or create the run of ``output_path``, take its lease, validate the resume and
     yield a :class:`RunGuard`, holding the lease until the block ends.
@@ -91,7 +92,12 @@ def guard_run(
       or ``resume_with_drift`` (the operational keys are journalled).
     - A refused resume raises ``ResumeRefusedError`` (its ``keys`` and ``reasons`` name the
       semantic keys that changed) after releasing the lease; so does every other error.
+    - First it waits up to ``ready_wait`` seconds for the service to be ready (a service
+      started beside the collector, or restarted, reindexes before it answers runs:
+      :meth:`RecoveryClient.wait_until_ready`); ``0`` does not wait.
     """
+    if ready_wait > 0:
+        client.wait_until_ready(ready_wait)
     output = os.fspath(output_path)
     source = os.fspath(source_path)
     created = False
