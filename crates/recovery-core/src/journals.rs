@@ -23,9 +23,14 @@ pub fn parse_line<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ser
     })
 }
 
-/// Why an attempt-extension line adds nothing (decisions §6: `extend_attempts` N >= 1), as
-/// every reader of the journal says it.
-pub const EXTENSION_REFUSED: &str = "extend_attempts must be an integer >= 1";
+/// Why an attempt-extension line adds nothing (decisions §6: `extend_attempts` N >= 1; and
+/// attempts are numbered in signed 64 bits), as every reader of the journal says it.
+pub const EXTENSION_REFUSED: &str =
+    "extend_attempts must be an integer from 1 to 9223372036854775807";
+
+/// Why a journal whose lines are each readable adds up to no cap: never a guessed one.
+pub const EXTENSIONS_OVERFLOW: &str =
+    "the extensions up to this line add up past 9223372036854775807 attempts";
 
 /// Why a journal cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -49,21 +54,23 @@ pub enum JournalError {
 /// `load_attempt_extension`: the attempts explicit recoveries added to every rollout's cap (the
 /// sum of `extend_attempts` over `<stem>_attempt_extension.jsonl`).
 pub fn attempt_extension(reader: impl Read, path: &str) -> Result<u64, JournalError> {
-    let mut total = 0u64;
+    let mut total = 0i64;
     let mut bad: Option<JournalError> = None;
     let summary = scan_jsonl::<std::convert::Infallible>(reader, path, |record| {
-        match record
+        let added = record
             .value
             .get("extend_attempts")
-            .and_then(Value::as_u64)
+            .and_then(Value::as_i64)
             .filter(|n| *n >= 1)
-        {
-            Some(n) => total = total.saturating_add(n),
-            None => {
+            .ok_or(EXTENSION_REFUSED)
+            .and_then(|n| total.checked_add(n).ok_or(EXTENSIONS_OVERFLOW));
+        match added {
+            Ok(sum) => total = sum,
+            Err(message) => {
                 bad.get_or_insert(JournalError::Invalid {
                     path: path.to_owned(),
                     line: record.line,
-                    message: EXTENSION_REFUSED.into(),
+                    message: message.into(),
                 });
             }
         }
@@ -79,7 +86,8 @@ pub fn attempt_extension(reader: impl Read, path: &str) -> Result<u64, JournalEr
             message: "incomplete final line".into(),
         });
     }
-    Ok(total)
+    // Non-negative: every added value is >= 1.
+    Ok(total.unsigned_abs())
 }
 
 /// An approved masked rerun: exactly the attempt it names.

@@ -1499,7 +1499,7 @@ async fn a_journal_line_with_a_key_given_twice_is_read_with_its_last_value() {
     assert_eq!(
         refused,
         [
-            "extend_attempts must be an integer >= 1",
+            recovery_core::journals::EXTENSION_REFUSED,
             "not a line count"
         ],
         "{report:?}"

@@ -2314,7 +2314,7 @@ async fn an_unreadable_extension_journal_shows_no_cap_and_is_not_appended_to() {
     assert!(
         view.body["budget_problem"]
             .as_str()
-            .is_some_and(|m| m.contains("extend_attempts must be an integer >= 1")),
+            .is_some_and(|m| m.contains("extend_attempts must be an integer from 1 to")),
         "{}",
         view.body
     );

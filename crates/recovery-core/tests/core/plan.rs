@@ -744,12 +744,25 @@ fn the_budget_reads_extensions_and_the_resubmit_offset() {
         "{\"extend_attempts\":\"2\"}\n",
         "{\"extend_attempts\":2}\n{\"extend_",
         "nope\n",
+        // Attempts are numbered in signed 64 bits: a line past it, or lines adding up past
+        // it, give no cap rather than a clamped one (hostile review 50, F3).
+        "{\"extend_attempts\":9223372036854775808}\n",
+        "{\"extend_attempts\":18446744073709551615}\n",
+        "{\"extend_attempts\":9223372036854775807}\n{\"extend_attempts\":1}\n",
     ] {
         assert!(
             attempt_extension(bad.as_bytes(), "x").is_err(),
             "{bad:?} must stop the run"
         );
     }
+    assert_eq!(
+        attempt_extension(
+            "{\"extend_attempts\":9223372036854775807}\n".as_bytes(),
+            "x"
+        )
+        .expect("the largest extension"),
+        9_223_372_036_854_775_807
+    );
     assert_eq!(
         resubmit_offset("3\n7\n".as_bytes(), "x").expect("offset"),
         7
