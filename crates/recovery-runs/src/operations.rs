@@ -1417,11 +1417,13 @@ impl Registry {
             // A run with a manifest has both outcome files (an older collector wrote no
             // failures sidecar): the missing one is created empty, never truncated.
             for file in [&paths.output, &paths.failures] {
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(file)
-                    .map_err(|e| io_failure("creating an empty outcome file", e))?;
+                std::os::unix::fs::OpenOptionsExt::custom_flags(
+                    std::fs::OpenOptions::new().create(true).append(true),
+                    // A FIFO planted there is never waited on.
+                    libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                )
+                .open(file)
+                .map_err(|e| io_failure("creating an empty outcome file", e))?;
             }
             Ok(manifest)
         })

@@ -770,8 +770,10 @@ impl Registry {
     async fn journal_mark(&self, path: &Path) -> Result<Option<JournalMark>, RegistryError> {
         let stat_path = path.to_owned();
         let identity = blocking(move || {
+            // Only a regular file has a mark: anything else is refused by its reader.
             Ok(std::fs::symlink_metadata(&stat_path)
                 .ok()
+                .filter(std::fs::Metadata::is_file)
                 .map(|m| (m.dev() as i64, m.ino() as i64, m.len() as i64)))
         })
         .await?;
@@ -1224,12 +1226,10 @@ const BEFORE_MARK_BYTES: u64 = 4096;
 /// read (the file is gone, shorter, or a symbolic link, which journals never follow).
 fn bytes_before(path: &Path, end: u64) -> Option<String> {
     use sha2::Digest as _;
-    use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .ok()?;
+    use std::os::unix::fs::FileExt as _;
+    // Only a regular file, opened without waiting: a FIFO planted as a journal would block the
+    // open until some writer came, and the reindex with it (hostile review 50, F4).
+    let file = recovery_sidecar::open_regular(path).ok()?;
     let start = end.saturating_sub(BEFORE_MARK_BYTES);
     let mut bytes = vec![0; (end - start) as usize];
     file.read_exact_at(&mut bytes, start).ok()?;

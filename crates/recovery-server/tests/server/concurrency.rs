@@ -3133,3 +3133,47 @@ async fn concurrent_validates_of_a_superseded_run_are_each_refused_and_recorded_
     assert_eq!(events.len(), before + 16, "one record per refusal");
     assert_eq!(superseded.len(), 16, "each under its own id");
 }
+
+/// A FIFO planted as a run's attempt-extension or approvals journal is reported unreadable by a
+/// reindex, which goes on: it is never opened in a way that waits for a writer (hostile review
+/// 50, F4: the reindex, and with it a start-up or a stop, waited on the FIFO for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_planted_as_a_journal_never_holds_a_reindex() {
+    let app = TestApp::new().await;
+    app.create().await;
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let fifos = [&paths.attempt_extension, &paths.rerun_masked];
+    // A reindex first: the extension journal is marked, as a restart finds it.
+    let first = app
+        .call(Method::POST, "/reindex", Some(OPERATOR), None)
+        .await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.body);
+    for fifo in fifos {
+        let _ = std::fs::remove_file(fifo);
+        mkfifo(fifo);
+    }
+    let reindex = send(
+        app.state.clone(),
+        Method::POST,
+        "/reindex",
+        Some(OPERATOR),
+        None,
+    );
+    let Ok(reply) = tokio::time::timeout(std::time::Duration::from_secs(30), reindex).await else {
+        // Let the stuck reader go (a writer opening the FIFO), so the test can end.
+        for fifo in fifos {
+            let _ = std::os::unix::fs::OpenOptionsExt::custom_flags(
+                std::fs::OpenOptions::new().write(true),
+                libc::O_NONBLOCK,
+            )
+            .open(fifo);
+        }
+        panic!("the reindex waited on a FIFO");
+    };
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let unreadable = reply.body["unreadable"].to_string();
+    for fifo in fifos {
+        let name = fifo.file_name().and_then(|n| n.to_str()).expect("name");
+        assert!(unreadable.contains(name), "{name}: {unreadable}");
+    }
+}
