@@ -3,8 +3,8 @@
 //!
 //! - [`app`]: the router (tests drive it in process with `oneshot`).
 //! - [`start`]: connect the store, reindex the sidecars, and build the state: [`open`] (before
-//!   listening: the store, stale temporaries, interrupted replacements) then [`catch_up`] (the
-//!   reindex, expired and live leases; the state is ready after it).
+//!   listening: the store, stale temporaries, interrupted replacements, expired and live
+//!   leases) then [`catch_up`] (the reindex; the state is ready after it).
 //! - [`serve`]: listen until shutdown; live leases are kept, and taken again by the next start.
 //!   [`serve_starting`]: the same for a state [`open`] returned, running [`catch_up`] while it
 //!   listens (every route but `/healthz`, `/readyz`, `/metrics` and `/openapi.json` answers 503
@@ -379,9 +379,11 @@ pub async fn start(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppSta
 }
 
 /// The first part of start-up, before the service listens: checks the configuration, connects
-/// the store (migrating it), makes the directories, removes stale temporaries and finishes or
-/// rolls back interrupted replacements (each quick, and each needed before any request touches
-/// a run). The state is not ready ([`AppState::is_ready`]) until [`catch_up`] has run.
+/// the store (migrating it), makes the directories, removes stale temporaries, finishes or rolls
+/// back interrupted replacements, ends the leases that expired while the service was down and
+/// takes the live ones' locks again (each quick, and each needed before any request touches a
+/// run, or before a collector's `flock` could take a leased run). The state is not ready
+/// ([`AppState::is_ready`]) until [`catch_up`] has run.
 pub async fn open(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppState, StartError> {
     config.check().map_err(StartError::Config)?;
     refuse_file_system_root(&config.roots)?;
@@ -419,6 +421,20 @@ pub async fn open(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppStat
         };
         tracing::warn!(output = %output.display(), outcome, "recovered a replacement a crash interrupted");
     }
+    match registry.leases().end_expired_while_down().await {
+        Ok(ended) => {
+            for lease in ended {
+                tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expired_at = %lease.expires_at, "a lease expired while the service was down; ended");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "leases that expired while the service was down could not be ended")
+        }
+    }
+    // Live leases survive a restart: their collectors keep the runs they were granted. Their
+    // locks are taken again first, before the reindex, so nobody takes a run meanwhile (hostile
+    // review 50, F5: a collector's `flock` took one during a long start-up).
+    adopt_live_leases(&registry).await;
     let leases = registry.leases().clone();
     Ok(AppState::new(state::Shared {
         config: Arc::new(config),
@@ -432,8 +448,7 @@ pub async fn open(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppStat
 }
 
 /// The rest of start-up, which may take seconds (a million journal lines, about five): brings
-/// the database up to date with the sidecars under the roots, ends the leases that expired while
-/// the service was down and takes the live ones' locks again; then marks the state ready. A
+/// the database up to date with the sidecars under the roots; then marks the state ready. A
 /// service may listen meanwhile ([`serve_starting`]): it answers `/healthz`, and 503 `starting`
 /// to everything that reads or changes runs.
 pub async fn catch_up(state: &AppState) -> Result<(), StartError> {
@@ -470,18 +485,6 @@ pub async fn catch_up(state: &AppState) -> Result<(), StartError> {
     for (path, reason) in &report.unreadable {
         tracing::warn!(path, reason, "unreadable sidecar left as it is");
     }
-    match state.leases.end_expired_while_down().await {
-        Ok(ended) => {
-            for lease in ended {
-                tracing::info!(run_id = %lease.run_id, holder = %lease.holder, expired_at = %lease.expires_at, "a lease expired while the service was down; ended");
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "leases that expired while the service was down could not be ended")
-        }
-    }
-    // Live leases survive a restart: their collectors keep the runs they were granted.
-    adopt_live_leases(registry).await;
     state.mark_ready();
     tracing::info!(seconds = reindex_started.elapsed().as_secs_f64(), "ready");
     Ok(())

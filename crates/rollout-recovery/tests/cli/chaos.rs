@@ -2308,6 +2308,15 @@ async fn a_run_with_drift_to_reindex(
     let (status, created) = post(&reqwest::Client::new(), &first, "/runs", body).await;
     assert_eq!(status, 201, "{created}");
     let run_id = created["run_id"].as_str().expect("run id").to_owned();
+    // A collector holds the run's lease across the restart.
+    let (status, lease) = post(
+        &reqwest::Client::new(),
+        &first,
+        &format!("/runs/{run_id}/lease"),
+        json!({"holder": "collector-1", "host": "node-7", "pid": 4242, "ttl_seconds": 3600}),
+    )
+    .await;
+    assert_eq!(status, 201, "{lease}");
     assert!(first.terminate().success());
     let line = json!({"at": "2026-12-05T10:00:00.000000Z", "run_id": run_id,
         "saved_config_digest": "s".repeat(64), "current_config_digest": "c".repeat(64),
@@ -2398,6 +2407,9 @@ async fn a_starting_service_answers_starting_until_its_reindex_is_done() {
             "{path} while starting"
         );
     }
+    // The live lease's lock is the service's again before the reindex: another process's
+    // `flock` cannot take the run meanwhile (hostile review 50, F5).
+    assert_eq!(crate::probe(&root.join("exp/out_run.lock")), "blocked");
 
     std::io::Write::write_all(&mut to_holder, b"COMMIT;\n").expect("unlock");
     drop(to_holder);
