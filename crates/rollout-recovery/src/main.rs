@@ -356,6 +356,10 @@ fn main() -> std::process::ExitCode {
             Command::Drift(args) => offline::drift(args).await.map(|()| 0),
         }
     });
+    // Blocking work still running (a file read that never returns, such as a FIFO opened by
+    // code that should not have) must not keep a stopped service alive: wait a little for it,
+    // then exit; SQLite's log makes an interrupted transaction roll back at the next open.
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
     match result {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         // 2, as for bad arguments: a command that could not run is told apart from the answers
@@ -366,6 +370,9 @@ fn main() -> std::process::ExitCode {
         }
     }
 }
+
+/// How long the process waits, once a command is done, for blocking work still running.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// A command whose reader went away (`validate ... | head`) ends as Unix tools do, by SIGPIPE,
 /// instead of panicking in `println!`. The service keeps Rust's default (ignored): a client
