@@ -861,11 +861,26 @@ impl Registry {
         // guessed cap) is not appended to: the run would stay unplannable with the new line
         // after the bad one (hostile review 48). It is repaired by hand first.
         let paths = run.paths().clone();
-        if let Err(RunFilesError::RowsInvalid(why)) =
-            blocking(move || Ok(runfiles::budget_inputs(&paths))).await?
+        let extended = match blocking(move || Ok(runfiles::budget_inputs(&paths))).await? {
+            Ok(inputs) => Some(inputs.extension),
+            Err(RunFilesError::RowsInvalid(why)) => {
+                return Err(OpError::Files(RunFilesError::Inconsistent(format!(
+                    "{why}: the attempt extension journal is not appended to until it is repaired"
+                ))));
+            }
+            Err(_) => None,
+        };
+        // Nor is a line appended that would make the journal one the plan refuses: the sum
+        // past 2^63 - 1 (hostile review 51, N2).
+        if let Some(total) = extended
+            && i64::try_from(total)
+                .ok()
+                .and_then(|total| total.checked_add(extend_attempts))
+                .is_none()
         {
             return Err(OpError::Files(RunFilesError::Inconsistent(format!(
-                "{why}: the attempt extension journal is not appended to until it is repaired"
+                "extend_attempts: the run's extensions ({total}) and {extend_attempts} more would add up past {} attempts; nothing appended",
+                i64::MAX
             ))));
         }
         let extension = self

@@ -2343,6 +2343,26 @@ async fn an_unreadable_extension_journal_shows_no_cap_and_is_not_appended_to() {
     assert_eq!(view.body["attempt_extension"], 2, "{}", view.body);
     assert!(view.body["effective_cap"].is_u64(), "{}", view.body);
     assert!(view.body["budget_problem"].is_null(), "{}", view.body);
+    // Nor is a line appended that would take the sum past 2^63 - 1, which the plan refuses
+    // (hostile review 51, N2: the extension answered 201 and left the run with no cap).
+    let near = format!("{}\n", json!({"extend_attempts": i64::MAX - 2}));
+    std::fs::write(&paths.attempt_extension, &near).expect("a journal near the limit");
+    let refused = app
+        .call(
+            Method::POST,
+            &extend_uri,
+            Some(OPERATOR),
+            Some(json!({"extend_attempts": 3, "reason": "too many"})),
+        )
+        .await;
+    assert_code(&refused, StatusCode::CONFLICT, "run_files_invalid");
+    assert_eq!(
+        std::fs::read_to_string(&paths.attempt_extension).expect("journal"),
+        near,
+        "nothing written"
+    );
+    let view = app.call(Method::GET, &view_uri, Some(VIEWER), None).await;
+    assert!(view.body["budget_problem"].is_null(), "{}", view.body);
 }
 
 /// An approval is refused while the approvals journal ends with an unterminated line: the
