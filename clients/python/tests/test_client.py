@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import json
 import queue
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -65,6 +67,16 @@ def test_wait_until_ready_waits_for_a_service_that_is_not_up_yet(tmp_path: Path)
     with RecoveryClient(f"http://127.0.0.1:{port}") as early:
         with pytest.raises(TimeoutError):
             early.wait_until_ready(timeout=0.2, interval=0.05)
+        # A listener that accepts and never answers (a stopped service): the wait still ends at
+        # its timeout, not at the client's request timeout (hostile review 51, N5).
+        with socket.socket() as silent:
+            silent.bind(("127.0.0.1", 0))
+            silent.listen()
+            with RecoveryClient(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=60) as hung:
+                started = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    hung.wait_until_ready(timeout=0.5, interval=0.05)
+                assert time.monotonic() - started < 30
         process = subprocess.Popen(
             [str(binary()), "serve", "--bind", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)],
             stdout=subprocess.DEVNULL,

@@ -359,14 +359,17 @@ class RecoveryClient:
         seconds (a service that stays down, or a start-up longer than that)."""
         deadline = time.monotonic() + timeout
         while True:
-            try:
-                if self.readyz():
-                    return
-            except RecoveryConnectionError:
-                pass
-            if time.monotonic() >= deadline:
+            left = deadline - time.monotonic()
+            if left <= 0:
                 raise TimeoutError(f"{self._url} was not ready within {timeout} s")
-            time.sleep(interval)
+            try:
+                # Each probe bounded by the time left: a service that hangs (stopped, or its
+                # host gone) ends the wait at `timeout`, not the client's request timeout.
+                if self._http.get("/readyz", timeout=left).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
 
     def openapi(self) -> dict[str, Any]:
         """The service's OpenAPI document."""
