@@ -770,10 +770,10 @@ impl Registry {
     async fn journal_mark(&self, path: &Path) -> Result<Option<JournalMark>, RegistryError> {
         let stat_path = path.to_owned();
         let identity = blocking(move || {
-            // Only a regular file has a mark: anything else is refused by its reader.
+            // Anything but a regular file is read too, so that its reader reports it; its
+            // bytes before a mark are never read (`bytes_before` opens regular files only).
             Ok(std::fs::symlink_metadata(&stat_path)
                 .ok()
-                .filter(std::fs::Metadata::is_file)
                 .map(|m| (m.dev() as i64, m.ino() as i64, m.len() as i64)))
         })
         .await?;

@@ -3134,15 +3134,20 @@ async fn concurrent_validates_of_a_superseded_run_are_each_refused_and_recorded_
     assert_eq!(superseded.len(), 16, "each under its own id");
 }
 
-/// A FIFO planted as a run's attempt-extension or approvals journal is reported unreadable by a
-/// reindex, which goes on: it is never opened in a way that waits for a writer (hostile review
-/// 50, F4: the reindex, and with it a start-up or a stop, waited on the FIFO for good).
+/// A FIFO planted as a run's attempt-extension, approvals or drift journal is reported unreadable
+/// by a reindex, which goes on: it is never opened in a way that waits for a writer (hostile
+/// review 50, F4: the reindex, and with it a start-up or a stop, waited on the FIFO for good;
+/// review 51, N4: the first fix stopped reporting a drift journal that was no regular file).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fifo_planted_as_a_journal_never_holds_a_reindex() {
     let app = TestApp::new().await;
     app.create().await;
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
-    let fifos = [&paths.attempt_extension, &paths.rerun_masked];
+    let fifos = [
+        &paths.attempt_extension,
+        &paths.rerun_masked,
+        &paths.resume_drift,
+    ];
     // A reindex first: the extension journal is marked, as a restart finds it.
     let first = app
         .call(Method::POST, "/reindex", Some(OPERATOR), None)
