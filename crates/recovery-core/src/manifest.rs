@@ -291,6 +291,17 @@ impl RunManifest {
         let max_rollout_attempts = match map.get("max_rollout_attempts") {
             None | Some(Value::Null) => None,
             Some(v) => match strict_positive_int(v) {
+                // As `next_attempt`: a cap no execution number reaches is refused, so the cap
+                // with its extensions (each sum at most 2^63 - 1) never saturates into a guessed
+                // one (hostile review 51, N3).
+                Ok(n) if n > MAX_NEXT_ATTEMPT => {
+                    problem(
+                        "max_rollout_attempts",
+                        "integer larger than the largest execution number this implementation \
+                         keeps (2^63 - 1)",
+                    );
+                    None
+                }
                 Ok(n) => Some(n),
                 Err(text) => {
                     problem("max_rollout_attempts", text);

@@ -142,6 +142,29 @@ fn field_errors_name_the_field() {
     );
 }
 
+/// Execution numbers are signed 64-bit here (where Python's ints are unbounded): a saved cap
+/// past 2^63 - 1 is refused as `next_attempt` is, naming the field, so the cap with its
+/// extensions never saturates into a guessed one (hostile review 51, N3).
+#[test]
+fn a_cap_past_the_largest_execution_number_is_refused_naming_it() {
+    let largest = i64::MAX;
+    let kept = RunManifest::from_json_bytes(
+        format!(r#"{{{BASE},"max_rollout_attempts":{largest}}}"#).as_bytes(),
+    )
+    .expect("the largest cap reads");
+    assert_eq!(kept.max_rollout_attempts, Some(largest as u64));
+    for past in ["9223372036854775808", "18446744073709551615"] {
+        let error = RunManifest::from_json_bytes(
+            format!(r#"{{{BASE},"max_rollout_attempts":{past}}}"#).as_bytes(),
+        )
+        .expect_err("past the largest execution number");
+        assert!(
+            error.to_string().contains("max_rollout_attempts"),
+            "{past}: {error}"
+        );
+    }
+}
+
 fn sample_manifest() -> RunManifest {
     let mut manifest = RunManifest::create("9f".repeat(16), "src", "mat", "cfg", Some(3));
     manifest.next_attempt.insert("0-0".into(), 2);
