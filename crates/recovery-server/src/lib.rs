@@ -594,36 +594,30 @@ pub async fn serve_starting(
     state: AppState,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let (failed, start_failed) = tokio::sync::oneshot::channel::<StartError>();
+    let (failed, start_failed) = tokio::sync::oneshot::channel::<()>();
     let starting = state.clone();
     let start_up = tokio::spawn(async move {
-        if let Err(e) = catch_up(&starting).await {
+        let caught_up = catch_up(&starting).await;
+        if let Err(e) = &caught_up {
             tracing::error!(error = %e, "start-up failed; stopping");
-            let _ = failed.send(e);
+            let _ = failed.send(());
         }
+        caught_up
     });
-    // The failure travels out through this slot: `serve` owns the stop future.
-    let failure = Arc::new(std::sync::Mutex::new(None));
-    let slot = failure.clone();
     let stop = async move {
         tokio::select! {
             () = shutdown => {}
-            Ok(e) = start_failed => {
-                *slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
-            }
+            Ok(()) = start_failed => {}
         }
     };
     let served = serve(listener, state, stop).await;
     // A stop asked for during start-up abandons it: each of its steps commits on its own and a
     // reindex begun again at the next start reads from the marks it left.
     start_up.abort();
-    let failed = failure
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
-    match failed {
-        Some(e) => Err(ServeError::Start(e)),
-        None => Ok(served?),
+    match start_up.await {
+        Ok(Err(e)) => Err(ServeError::Start(e)),
+        // Done, or abandoned by the stop.
+        Ok(Ok(())) | Err(_) => Ok(served?),
     }
 }
 
