@@ -2358,6 +2358,48 @@ fn hold_the_drift_table(
     (holder, to_holder)
 }
 
+/// A service restarted on a scratch PostgreSQL database beside a run with drift to reindex,
+/// whose start-up reindex [`hold_the_drift_table`] holds back: it listens (`/healthz`) but is
+/// not ready until `to_holder` is written `COMMIT;` or closed. The run holds a live lease.
+/// Fields drop in order: the service first, the database and the directory last.
+struct HeldBackStart {
+    starting: Server,
+    holder: std::process::Child,
+    to_holder: std::process::ChildStdin,
+    run_id: String,
+    root: PathBuf,
+    log: PathBuf,
+    database: ScratchDatabase,
+    _dir: tempfile::TempDir,
+}
+
+impl HeldBackStart {
+    async fn new() -> Self {
+        let mut rng = Rng::new(seed());
+        let database = ScratchDatabase::create(&mut rng);
+        let dir = tempfile::tempdir().expect("dir");
+        let (_, root, _) = prepare(dir.path());
+        let root = std::fs::canonicalize(&root).expect("root");
+        let (data, log) = (dir.path().join("data"), dir.path().join("service.log"));
+        let env = [("RR_DATABASE_URL", database.url.as_str())];
+        let run_id = a_run_with_drift_to_reindex(&data, &root, &env, &log).await;
+        let (holder, to_holder) = hold_the_drift_table(&database);
+        let starting = Server::start_until(&data, &root, None, &env, &log, |port| {
+            crate::answers_ok(port, "/healthz")
+        });
+        Self {
+            starting,
+            holder,
+            to_holder,
+            run_id,
+            root,
+            log,
+            database,
+            _dir: dir,
+        }
+    }
+}
+
 /// A restarted service listens while its start-up reindexes the sidecars: `/healthz` answers at
 /// once, while `/readyz` and every route over runs answer 503 `starting` with `Retry-After`
 /// (nothing is read from, or written to, a database that has not caught up); once the reindex
@@ -2366,18 +2408,10 @@ fn hold_the_drift_table(
 /// the order of these events is fixed rather than timed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_starting_service_answers_starting_until_its_reindex_is_done() {
-    let mut rng = Rng::new(seed());
-    let database = ScratchDatabase::create(&mut rng);
-    let dir = tempfile::tempdir().expect("dir");
-    let (_, root, _) = prepare(dir.path());
-    let root = std::fs::canonicalize(&root).expect("root");
-    let (data, log) = (dir.path().join("data"), dir.path().join("service.log"));
-    let env = [("RR_DATABASE_URL", database.url.as_str())];
-    let run_id = a_run_with_drift_to_reindex(&data, &root, &env, &log).await;
-    let (mut holder, mut to_holder) = hold_the_drift_table(&database);
-    let starting = Server::start_until(&data, &root, None, &env, &log, |port| {
-        crate::answers_ok(port, "/healthz")
-    });
+    // Bound whole (not destructured with `..`): the database and the directory live to the end.
+    let held = HeldBackStart::new().await;
+    let (starting, mut holder, mut to_holder) = (held.starting, held.holder, held.to_holder);
+    let (run_id, root) = (&held.run_id, &held.root);
     let client = reqwest::Client::new();
     let run_path = format!("/runs/{run_id}");
     for (method, path, token) in [
@@ -2440,18 +2474,9 @@ async fn a_starting_service_answers_starting_until_its_reindex_is_done() {
 /// why, rather than serving from a database that never caught up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_up_reindex_that_fails_stops_the_service() {
-    let mut rng = Rng::new(seed());
-    let database = ScratchDatabase::create(&mut rng);
-    let dir = tempfile::tempdir().expect("dir");
-    let (_, root, _) = prepare(dir.path());
-    let root = std::fs::canonicalize(&root).expect("root");
-    let (data, log) = (dir.path().join("data"), dir.path().join("service.log"));
-    let env = [("RR_DATABASE_URL", database.url.as_str())];
-    a_run_with_drift_to_reindex(&data, &root, &env, &log).await;
-    let (mut holder, to_holder) = hold_the_drift_table(&database);
-    let mut starting = Server::start_until(&data, &root, None, &env, &log, |port| {
-        crate::answers_ok(port, "/healthz")
-    });
+    let held = HeldBackStart::new().await;
+    let (mut starting, mut holder, to_holder) = (held.starting, held.holder, held.to_holder);
+    let (log, database) = (&held.log, &held.database);
     assert!(!crate::is_ready(starting.port()), "held back by the lock");
     let dropped = psql(
         &database.admin,
@@ -2469,8 +2494,8 @@ async fn a_start_up_reindex_that_fails_stops_the_service() {
         status.code(),
         Some(2),
         "{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        std::fs::read_to_string(log).unwrap_or_default()
     );
-    let text = std::fs::read_to_string(&log).expect("log");
+    let text = std::fs::read_to_string(log).expect("log");
     assert!(text.contains("start-up failed"), "{text}");
 }
