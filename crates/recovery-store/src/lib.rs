@@ -138,6 +138,16 @@ struct Group {
 pub const MAX_ROWS: u32 = 1001;
 
 const SQLITE_CONNECTIONS: u32 = 4;
+
+/// The page size of a new SQLite database: 32 KiB rather than SQLite's 4 KiB. A reindex inserts
+/// into four B-trees per drift event, and with larger pages it splits and balances them, and
+/// writes log frames, several times less often. Measured on 2 cores, a start-up reindex of 1M
+/// journal lines from an empty database: 4 KiB 169-187k lines/s, 16 KiB 172-215k, 32 KiB
+/// 173-239k (mostly 206-239k), 64 KiB 234k; durable drift events (many one-event commits, each
+/// writing its pages whole) were within the noise of 4 KiB at 16 and 32 KiB (3.4-4.2k events/s),
+/// and drift pages as fast. A database made by an earlier release keeps its 4 KiB pages (a page
+/// size changes only by `VACUUM`).
+const SQLITE_PAGE_SIZE: &str = "PRAGMA page_size = 32768";
 const POSTGRES_CONNECTIONS: u32 = 16;
 
 /// A PostgreSQL session advisory lock held on its own pooled connection (spanning replicas that
@@ -823,6 +833,11 @@ impl Store {
                     if backend == Backend::Sqlite {
                         // WAL lets readers run beside the writer; waits instead of failing on a
                         // briefly locked database.
+                        // Before anything is written: a new database's page size is fixed by
+                        // its first write (switching to WAL is one); an existing one keeps its own.
+                        sqlx::query(SQLITE_PAGE_SIZE)
+                            .execute(&mut *connection)
+                            .await?;
                         sqlx::query("PRAGMA journal_mode = WAL")
                             .execute(&mut *connection)
                             .await?;

@@ -1695,6 +1695,56 @@ async fn drift_rows_of_an_older_release_survive_the_time_ordered_tables() {
     database.drop_database().await;
 }
 
+/// The page size of an SQLite file, read by a plain connection (no store).
+async fn sqlite_page_size(url: &str) -> i64 {
+    let pool = sqlx::AnyPool::connect(url).await.expect("connect");
+    let size: i64 = sqlx::query_scalar("PRAGMA page_size")
+        .fetch_one(&pool)
+        .await
+        .expect("page size");
+    pool.close().await;
+    size
+}
+
+/// A new SQLite database is made of 32 KiB pages (a reindex is faster with them); a database an
+/// earlier release made keeps its 4 KiB pages and its rows, and takes new ones.
+#[tokio::test]
+async fn a_new_sqlite_database_has_large_pages_and_an_older_one_keeps_its_own() {
+    let dir = tempfile::tempdir().expect("dir");
+    let new_url = format!("sqlite://{}", dir.path().join("new.db").display());
+    let store = Store::connect(&new_url).await.expect("new");
+    store
+        .insert_drift_events(&[drift("n1", "r1", 1)])
+        .await
+        .expect("insert");
+    store.close().await;
+    assert_eq!(sqlite_page_size(&new_url).await, 32768);
+
+    let old_url = format!("sqlite://{}?mode=rwc", dir.path().join("old.db").display());
+    migrate_as_release_before(&old_url, "sqlite", "0005").await;
+    let before = sqlite_page_size(&old_url).await;
+    assert_eq!(before, 4096, "an earlier release's default");
+    let store = Store::connect(&old_url).await.expect("old");
+    store
+        .insert_drift_events(&[drift("n1", "r1", 1)])
+        .await
+        .expect("insert");
+    let all = DriftFilter {
+        limit: 10,
+        ..Default::default()
+    };
+    let ids: Vec<String> = store
+        .query_drift(&all)
+        .await
+        .expect("all")
+        .into_iter()
+        .map(|e| e.event_id)
+        .collect();
+    assert_eq!(ids.len(), 3, "the older rows and the new one: {ids:?}");
+    store.close().await;
+    assert_eq!(sqlite_page_size(&old_url).await, before);
+}
+
 /// On SQLite the store answers a run's record and lease from memory once read (see
 /// `rowcache.rs`); whatever concurrent writers do, those answers are what the database holds,
 /// as a plain connection to the file (no store, no cache) reads it.
