@@ -442,6 +442,12 @@ fn positional(rows: usize, columns: usize) -> String {
 }
 
 /// One statement of an SQLite drift insert, over a chunk of rows.
+///
+/// Every statement is `INSERT OR IGNORE` rather than `ON CONFLICT DO NOTHING`: the same for
+/// these rows (their values are never NULL, their only constraint is the key), but a statement
+/// that cannot abort needs no statement journal. With one, each statement copied every page it
+/// changed into that journal first (perf of a 1M-line reindex: 5% of SQLite's time; start-up
+/// reindex 190-209k lines/s before, 209-234k after, 32 KiB pages).
 enum DriftStatement<'a> {
     /// Numbers the events of the chunk that `drift_events` lacks, in the order given, in the
     /// recorded order (migration 0010: the statement does what a trigger did per row, at less
@@ -497,23 +503,23 @@ impl<'a> DriftStatement<'a> {
                 // given one.
                 let values: Vec<String> = (0..rows).map(|n| format!("(?, ?, {n})")).collect();
                 format!(
-                    "INSERT INTO drift_recorded (at, event_id) SELECT v.column1, v.column2 FROM (VALUES {}) AS v \
+                    "INSERT OR IGNORE INTO drift_recorded (at, event_id) SELECT v.column1, v.column2 FROM (VALUES {}) AS v \
                      WHERE v.column1 > coalesce((SELECT max(at) FROM drift_events), '') \
                      OR NOT EXISTS (SELECT 1 FROM drift_events d WHERE d.at = v.column1 AND d.event_id = v.column2) \
                      ORDER BY v.column3",
                     values.join(", ")
                 )
             }
-            Self::RecordAfter(_) => "INSERT INTO drift_recorded (at, event_id) \
+            Self::RecordAfter(_) => "INSERT OR IGNORE INTO drift_recorded (at, event_id) \
                  SELECT at, event_id FROM drift_events WHERE at > ? ORDER BY at, event_id"
                 .to_owned(),
             Self::Events(_) => format!(
-                "INSERT INTO drift_events (at, event_id, run_id, saved_config_digest, current_config_digest, operational_keys) \
-                 VALUES {} ON CONFLICT (at, event_id) DO NOTHING",
+                "INSERT OR IGNORE INTO drift_events (at, event_id, run_id, saved_config_digest, current_config_digest, operational_keys) \
+                 VALUES {}",
                 positional(rows, 6)
             ),
             Self::Keys(_) => format!(
-                "INSERT INTO drift_event_keys (key, at, event_id) VALUES {} ON CONFLICT (key, at, event_id) DO NOTHING",
+                "INSERT OR IGNORE INTO drift_event_keys (key, at, event_id) VALUES {}",
                 positional(rows, 3)
             ),
         }
