@@ -525,7 +525,8 @@ impl<'a> DriftStatement<'a> {
         }
     }
 
-    /// The statement `sql` with this chunk's values bound.
+    /// The statement `sql` with this chunk's values bound, borrowed rather than copied (a bound
+    /// `&String` is cloned into the arguments; SQLite copies each value once more as it binds).
     fn bound<'q>(&self, sql: &'q str) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>
     where
         'a: 'q,
@@ -535,23 +536,23 @@ impl<'a> DriftStatement<'a> {
             Self::RecordAfter(latest) => query = query.bind(*latest),
             Self::Record(rows) => {
                 for event in *rows {
-                    query = query.bind(&event.at).bind(&event.event_id);
+                    query = query.bind(event.at.as_str()).bind(event.event_id.as_str());
                 }
             }
             Self::Events(rows) => {
                 for event in *rows {
                     query = query
-                        .bind(&event.at)
-                        .bind(&event.event_id)
-                        .bind(&event.run_id)
-                        .bind(&event.saved_config_digest)
-                        .bind(&event.current_config_digest)
+                        .bind(event.at.as_str())
+                        .bind(event.event_id.as_str())
+                        .bind(event.run_id.as_str())
+                        .bind(event.saved_config_digest.as_str())
+                        .bind(event.current_config_digest.as_str())
                         .bind(to_json(&event.operational_keys));
                 }
             }
             Self::Keys(rows) => {
                 for (key, at, id) in *rows {
-                    query = query.bind(*key).bind(*at).bind(*id);
+                    query = query.bind(key.as_str()).bind(at.as_str()).bind(id.as_str());
                 }
             }
         }
