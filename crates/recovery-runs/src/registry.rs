@@ -872,24 +872,38 @@ impl Registry {
     ) -> Result<(), RegistryError> {
         let Some(mark) = mark else { return Ok(()) };
         let end = end.unwrap_or(mark.start);
-        let read_path = path.to_owned();
-        let before = blocking(move || {
-            let same = std::fs::symlink_metadata(&read_path)
-                .is_ok_and(|m| m.dev() as i64 == mark.device && m.ino() as i64 == mark.inode);
-            Ok(same.then(|| bytes_before(&read_path, end)))
+        self.advance_marks(vec![(path.to_owned(), mark, end)]).await
+    }
+
+    /// [`Self::advance_mark`] for several journals (each its path, the mark its reading began
+    /// from, and where the lines indexed end), recorded in one transaction: a merged reindex
+    /// moves the marks of up to [`MERGED_RUNS`] journals after each batch, and a transaction
+    /// each was a commit per journal per batch.
+    async fn advance_marks(
+        &self,
+        marks: Vec<(PathBuf, JournalMark, u64)>,
+    ) -> Result<(), RegistryError> {
+        let rows = blocking(move || {
+            Ok(marks
+                .into_iter()
+                .filter_map(|(path, mark, end)| {
+                    let same = std::fs::symlink_metadata(&path).is_ok_and(|m| {
+                        m.dev() as i64 == mark.device && m.ino() as i64 == mark.inode
+                    });
+                    same.then(|| {
+                        let row = JournalMarkRow {
+                            device: mark.device,
+                            inode: mark.inode,
+                            indexed_to: end as i64,
+                            before_mark: bytes_before(&path, end),
+                        };
+                        (path.display().to_string(), row)
+                    })
+                })
+                .collect::<Vec<_>>())
         })
         .await?;
-        if let Some(before_mark) = before {
-            let row = JournalMarkRow {
-                device: mark.device,
-                inode: mark.inode,
-                indexed_to: end as i64,
-                before_mark,
-            };
-            self.store
-                .set_journal_mark(&path.display().to_string(), &row)
-                .await?;
-        }
+        self.store.set_journal_marks(&rows).await?;
         Ok(())
     }
 
@@ -972,9 +986,7 @@ impl Registry {
             let (events, marks) = merged;
             let insert = async {
                 let inserted = self.store.insert_drift_events(&events).await?;
-                for (path, mark, end) in &marks {
-                    self.advance_mark(path, Some(*mark), Some(*end)).await?;
-                }
+                self.advance_marks(marks).await?;
                 Ok::<_, RegistryError>(inserted)
             };
             if events.is_empty() {

@@ -435,6 +435,27 @@ async fn insert_drift_chunk(
     }
 }
 
+/// Records how far the journal at `path` was indexed, inside a transaction.
+async fn upsert_journal_mark(
+    tx: &mut Tx<'_>,
+    path: &str,
+    mark: &JournalMarkRow,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO journal_marks (path, device, inode, indexed_to, before_mark) VALUES ($1, $2, $3, $4, $5) \
+         ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, \
+         indexed_to = excluded.indexed_to, before_mark = excluded.before_mark",
+    )
+    .bind(path)
+    .bind(mark.device)
+    .bind(mark.inode)
+    .bind(mark.indexed_to)
+    .bind(mark.before_mark.as_deref())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// `(?, ?, ...), (?, ...)`: `rows` tuples of `columns` positional parameters.
 fn positional(rows: usize, columns: usize) -> String {
     let tuple = format!("({})", vec!["?"; columns].join(", "));
@@ -1347,18 +1368,24 @@ impl Store {
         path: &str,
         mark: &JournalMarkRow,
     ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO journal_marks (path, device, inode, indexed_to, before_mark) VALUES ($1, $2, $3, $4, $5) \
-             ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, \
-             indexed_to = excluded.indexed_to, before_mark = excluded.before_mark",
-        )
-        .bind(path)
-        .bind(mark.device)
-        .bind(mark.inode)
-        .bind(mark.indexed_to)
-        .bind(mark.before_mark.as_deref())
-        .execute(&self.pool)
-        .await?;
+        self.set_journal_marks(&[(path.to_owned(), mark.clone())])
+            .await
+    }
+
+    /// Records how far each of several journals (its path, its mark) was indexed, in one
+    /// transaction.
+    pub async fn set_journal_marks(
+        &self,
+        marks: &[(String, JournalMarkRow)],
+    ) -> Result<(), StoreError> {
+        if marks.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.pool.begin().await?;
+        for (path, mark) in marks {
+            upsert_journal_mark(&mut tx, path, mark).await?;
+        }
+        tx.commit().await?;
         Ok(())
     }
 
