@@ -685,12 +685,27 @@ impl Registry {
         .await
     }
 
-    /// Brings the database up to date with every sidecar under the roots.
+    /// Brings the database up to date with every sidecar under the roots, beside the service's
+    /// other work: runs whose drift journals hold lines to index are merged [`IDLE_RUNS`] at a
+    /// time, so a run's requests wait at most for its own group (a run's rows are locked while
+    /// its group is indexed).
     pub async fn reindex(&self) -> Result<ReindexReport, RegistryError> {
+        self.reindex_merging(IDLE_RUNS).await
+    }
+
+    /// [`Self::reindex`] at start-up, while the service answers nothing that reads or changes
+    /// runs: up to [`MERGED_RUNS`] runs with lines to index are merged together (a rebuild of
+    /// many runs' journals in one time order; see [`Self::reindex_groups`]).
+    pub async fn reindex_at_start(&self) -> Result<ReindexReport, RegistryError> {
+        self.reindex_merging(MERGED_RUNS).await
+    }
+
+    /// A reindex that merges the drift journals of up to `merged` runs at once (on SQLite).
+    async fn reindex_merging(&self, merged: usize) -> Result<ReindexReport, RegistryError> {
         let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
         let manifests = blocking(move || Ok(find_manifests(&roots))).await?;
         let mut report = ReindexReport::default();
-        for group in self.reindex_groups(manifests).await? {
+        for group in self.reindex_groups(manifests, merged).await? {
             let group = group.as_slice();
             let _rows = self.lock_rows_of(group).await?;
             let mut journals = Vec::new();
@@ -706,33 +721,35 @@ impl Registry {
     }
 
     /// How many runs a reindex takes together, their drift journals merged into one time
-    /// order. SQLite inserts into the time-ordered tables at their end, where journals read one
-    /// after the other insert each run's whole history between the previous runs' events
-    /// (measured, 1M lines over 4 runs: 134k lines/s one after the other, 228k lines/s when the
-    /// runs' times do not overlap). On PostgreSQL every run's section holds one of a few pooled
-    /// connections (its advisory lock), so runs are taken one at a time there.
-    fn merged_runs(&self) -> usize {
+    /// order, at most `merged`. SQLite inserts into the time-ordered tables at their end, where
+    /// journals read one after the other insert each run's whole history between the previous
+    /// runs' events (measured, 1M lines over 4 runs: 134k lines/s one after the other, 228k
+    /// lines/s when the runs' times do not overlap). On PostgreSQL every run's section holds one
+    /// of a few pooled connections (its advisory lock), so runs are taken one at a time there.
+    fn merged_runs(&self, merged: usize) -> usize {
         match self.store.backend() {
-            Backend::Sqlite => MERGED_RUNS,
+            Backend::Sqlite => merged,
             Backend::Postgres => 1,
         }
     }
 
     /// The manifests in the groups a reindex takes together (their rows locked at once): first
-    /// the runs whose drift journals hold lines not indexed yet, as many together as merge into
+    /// the runs whose drift journals hold lines not indexed yet, `merged` together, merged into
     /// one time order ([`Self::merged_runs`]), then the others [`IDLE_RUNS`] at a time.
     ///
     /// Every group after the first inserts its events among the earlier groups' (their times
     /// overlap): in SQLite's time-ordered tables that rewrites pages all along them, so the cost
     /// of a group grows with the events indexed before it. Measured, 1M lines over 96 runs from
     /// an empty database in groups of 8: 66-80k lines/s, SQLite writing 6.5 GB for a 645 MB
-    /// database (against 230k lines/s over 4 runs). Whether a journal has lines to index is
-    /// a hint here (its size against its mark); the group's reindex decides under its locks.
+    /// database (against 230k lines/s over 4 runs); merged together, 94-129k lines/s and 2.4 GB.
+    /// Whether a journal has lines to index is a hint here (its size against its mark: lines the
+    /// service journals itself do not move the mark); the group's reindex decides under its locks.
     async fn reindex_groups(
         &self,
         manifests: Vec<PathBuf>,
+        merged: usize,
     ) -> Result<Vec<Vec<PathBuf>>, RegistryError> {
-        let merged = self.merged_runs();
+        let merged = self.merged_runs(merged);
         if merged == 1 {
             return Ok(manifests.into_iter().map(|m| vec![m]).collect());
         }
@@ -1330,14 +1347,15 @@ struct DriftBatch {
     full: bool,
 }
 
-/// Runs whose drift journals one reindex merges (see [`Registry::merged_runs`]). Each journal
-/// is read [`MERGED_BATCH`] / runs lines at a time, at least [`MERGED_LINES_MIN`]: the events
-/// read ahead stay under 20k + 200 x 100 whatever the runs.
+/// Runs whose drift journals a start-up reindex merges (see [`Registry::reindex_at_start`]).
+/// Each journal is read [`MERGED_BATCH`] / runs lines at a time, at least [`MERGED_LINES_MIN`]:
+/// the events read ahead stay under 20k + 200 x 100 whatever the runs.
 const MERGED_RUNS: usize = 200;
 /// The fewest lines of a merged journal read at a time.
 const MERGED_LINES_MIN: usize = 100;
 /// Runs a reindex takes together when their drift journals hold nothing new (their rows locked
-/// for as long as their sidecars take).
+/// for as long as their sidecars take), and runs whose journals hold lines to index that a
+/// reindex beside the service's other work merges ([`Registry::reindex`]).
 const IDLE_RUNS: usize = 8;
 /// Events one transaction of a merged reindex inserts.
 const MERGED_BATCH: usize = 20_000;

@@ -1673,20 +1673,17 @@ async fn interleaved_journals_of_several_runs_are_merged_into_time_order_and_rea
     }
 }
 
-/// Many runs' journals whose times interleave (more runs than a reindex once merged, eight) are
-/// merged into one time order too: the recorded order is time order across all of them, every
-/// line indexed once. (Runs merged eight at a time inserted each later group's events among the
-/// earlier groups', rewriting SQLite's pages all along its tables: 1M lines over 96 runs were
-/// indexed at a third of the rate of 1M over 4.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn journals_of_many_runs_whose_times_interleave_are_recorded_in_one_time_order() {
-    const LINES: u32 = 400;
+/// Fourteen runs (`0`-`9`, `a`-`d`), each with a drift journal of `lines` lines whose times
+/// interleave with the others'.
+fn many_interleaved_runs(
+    registry: &Registry,
+    root: &Path,
+    lines: u32,
+) -> Vec<(SidecarPaths, RunManifest)> {
     let names = [
         "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "a", "b", "c", "d",
     ];
-    let root = tempfile::tempdir().expect("root");
-    let (store, registry) = sqlite_registry(root.path()).await;
-    let runs = runs_on_disk(&registry, root.path(), &names);
+    let runs = runs_on_disk(registry, root, &names);
     let at = |n: u32| {
         format!(
             "2026-11-29T10:00:{:02}.{:06}Z",
@@ -1696,7 +1693,7 @@ async fn journals_of_many_runs_whose_times_interleave_are_recorded_in_one_time_o
     };
     let count = runs.len() as u32;
     for (k, (paths, manifest)) in runs.iter().enumerate() {
-        let journal: String = (0..LINES)
+        let journal: String = (0..lines)
             .map(|i| {
                 let n = count * i + k as u32;
                 drift_line(&manifest.run_id, &at(n), &format!("d{n}"))
@@ -1704,7 +1701,22 @@ async fn journals_of_many_runs_whose_times_interleave_are_recorded_in_one_time_o
             .collect();
         std::fs::write(&paths.resume_drift, journal).expect("journal");
     }
-    let report = registry.reindex().await.expect("reindex");
+    runs
+}
+
+/// At start-up, many runs' journals whose times interleave (more runs than a reindex beside
+/// the service's work merges, eight) are merged into one time order: the recorded order is time
+/// order across all of them, every line indexed once. (Runs merged eight at a time inserted each
+/// later group's events among the earlier groups', rewriting SQLite's pages all along its
+/// tables: 1M lines over 96 runs were indexed at a third of the rate of 1M over 4.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn journals_of_many_runs_whose_times_interleave_are_recorded_in_one_time_order() {
+    const LINES: u32 = 400;
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let runs = many_interleaved_runs(&registry, root.path(), LINES);
+    let count = runs.len() as u32;
+    let report = registry.reindex_at_start().await.expect("reindex");
     assert_eq!(report.drift_inserted, (count * LINES) as usize);
     assert!(report.unreadable.is_empty(), "{:?}", report.unreadable);
     let times: Vec<String> = recorded_drift(&store, None)
@@ -1719,6 +1731,42 @@ async fn journals_of_many_runs_whose_times_interleave_are_recorded_in_one_time_o
         "the recorded order is time order across every run"
     );
     assert_eq!(registry.reindex().await.expect("again").drift_inserted, 0);
+}
+
+/// A reindex beside the service's work locks the runs it indexes a few at a time: while one run
+/// is held (a long operation), a run indexed in an earlier group is free again once its lines
+/// are in, and the reindex goes on once the held run is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reindex_beside_the_service_frees_each_group_of_runs_before_waiting_for_the_next() {
+    const LINES: u32 = 50;
+    let root = tempfile::tempdir().expect("root");
+    let (store, registry) = sqlite_registry(root.path()).await;
+    let runs = many_interleaved_runs(&registry, root.path(), LINES);
+    let (first, last) = (&runs[0], &runs[runs.len() - 1]);
+    let held = registry.lock(&last.0).await.expect("hold the last run");
+    let reindex = tokio::spawn({
+        let registry = registry.clone();
+        async move { registry.reindex().await.expect("reindex") }
+    });
+    let indexed = async {
+        while stored_drift_ids(&store, &first.1.run_id).await.len() < LINES as usize {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), indexed)
+        .await
+        .expect("the first run's lines are indexed while the last run is held");
+    let first_run = tokio::time::timeout(Duration::from_secs(60), registry.lock(&first.0))
+        .await
+        .expect("the first run is not held while the reindex waits for the last")
+        .expect("lock");
+    drop(first_run);
+    drop(held);
+    let report = tokio::time::timeout(Duration::from_secs(60), reindex)
+        .await
+        .expect("the reindex ends once the last run is let go")
+        .expect("task");
+    assert_eq!(report.drift_inserted, runs.len() * LINES as usize);
 }
 
 /// Reindexes (which lock the rows of several runs at once) run beside each other, beside a

@@ -454,7 +454,7 @@ pub async fn open(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppStat
 pub async fn catch_up(state: &AppState) -> Result<(), StartError> {
     let registry = &state.registry;
     let reindex_started = Instant::now();
-    let report = registry.reindex().await?;
+    let report = registry.reindex_at_start().await?;
     tracing::info!(
         manifests = report.manifests,
         runs = report.runs,
