@@ -721,6 +721,18 @@ pub fn shown_database_url(url: &str) -> String {
         return "(a database URL that does not parse; not shown: it may hold a password)".into();
     };
     let hidden = "***";
+    // An `@` the parser did not take as the end of the user info (a password holding `@`, `/`,
+    // `?` or `#` unescaped, which the parser cut short) may be where a password ends: all before
+    // the last one is hidden, as in configurations (hostile review 52, F4).
+    let user_info = !parsed.username().is_empty() || parsed.password().is_some();
+    if url.matches('@').count() > usize::from(user_info) {
+        return match (url.split_once("://"), url.rfind('@')) {
+            (Some((scheme, _)), Some(last)) => {
+                shown_database_url(&format!("{scheme}://{hidden}{}", &url[last..]))
+            }
+            _ => "(a database URL that does not parse; not shown: it may hold a password)".into(),
+        };
+    }
     let secret_params = parsed
         .query_pairs()
         .any(|(key, _)| is_credential_name(&key));

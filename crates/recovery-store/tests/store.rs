@@ -1561,6 +1561,16 @@ fn a_database_url_is_shown_with_every_password_hidden() {
             "sqlite:///data/my runs/rollout-recovery.db?mode=rwc",
         ),
         (
+            "a password holding `@`, `/` and `#` unescaped: hidden up to the last `@`",
+            "postgres://user:Sup@r/Secret#Pw8@127.0.0.1:5432/db",
+            "postgres://***@127.0.0.1:5432/db",
+        ),
+        (
+            "a password holding `@` unescaped, and one as a parameter",
+            "postgres://user:P@W9@db/runs?password=PW10",
+            "postgres://***@db/runs?password=***",
+        ),
+        (
             "a connection string that is no URL",
             "host=db user=collector password=PW7",
             "(a database URL that does not parse; not shown: it may hold a password)",
