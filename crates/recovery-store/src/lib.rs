@@ -858,11 +858,20 @@ impl Store {
         // driver's reason, where the pool would retry in silence for its whole acquire timeout.
         let shown = shown_database_url(&url);
         tracing::info!(url = %shown, "connecting to the database");
-        AnyConnection::connect(&url)
+        // Reading SQLite's schema reads the file's header, so a file that is no database is
+        // named here too (the pool's set-up retried it for 30 s: hostile review 52, F5).
+        let probe = match backend {
+            Backend::Sqlite => "SELECT count(*) FROM sqlite_schema",
+            Backend::Postgres => "SELECT 1",
+        };
+        let reached = async {
+            let mut connection = AnyConnection::connect(&url).await?;
+            sqlx::query(probe).execute(&mut connection).await?;
+            connection.close().await
+        };
+        reached
             .await
-            .map_err(|source| StoreError::Unreachable { url: shown, source })?
-            .close()
-            .await?;
+            .map_err(|source| StoreError::Unreachable { url: shown, source })?;
         let pool = AnyPoolOptions::new()
             .max_connections(connections)
             // An SQLite connection is a file handle: a ping before every use (one more round

@@ -1580,6 +1580,25 @@ fn a_database_url_is_shown_with_every_password_hidden() {
     }
 }
 
+/// A database file that is no SQLite database is refused at once, named with the driver's
+/// reason, and left as it was.
+#[tokio::test]
+async fn a_file_that_is_no_database_is_refused_at_once_naming_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("rollout-recovery.db");
+    let bytes: Vec<u8> = (0..5000u32).map(|n| (n * 7919 % 251) as u8).collect();
+    std::fs::write(&path, &bytes).expect("garbage");
+    let url = format!("sqlite://{}", path.display());
+    let error = tokio::time::timeout(std::time::Duration::from_secs(20), Store::connect(&url))
+        .await
+        .expect("refused at once, not after the pool's retries")
+        .expect_err("no database");
+    let message = error.to_string();
+    assert!(message.contains("not a database"), "{message}");
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert_eq!(std::fs::read(&path).expect("file"), bytes, "left as it was");
+}
+
 /// A URL the store cannot use is refused naming its scheme or the parameter at fault, never
 /// echoing the rest: a connection string carries its password anywhere.
 #[tokio::test]
