@@ -1065,6 +1065,9 @@ impl Registry {
             .await?;
             if let Some(old) = old {
                 self.check_unleased(run, &old).await?;
+                // Journal lines a collector wrote that no reindex read yet are read now: once
+                // set aside, nothing reads the journals again (hostile review 52, F6).
+                self.adopt_locked(run).await?;
             }
         }
         let seconds = self.clock().now().unix_timestamp();

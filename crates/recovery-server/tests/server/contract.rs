@@ -2085,6 +2085,51 @@ async fn replacing_a_run_a_collector_holds_is_refused_naming_the_holder() {
     );
 }
 
+/// Drift lines a Python collector journalled for a run that no reindex read yet stay in its
+/// history when an operator replaces the run: the replacement reads them before it sets the
+/// journals aside, since nothing reads a `*.replaced-*` journal (hostile review 52, F6).
+#[tokio::test]
+async fn a_replaced_runs_journal_lines_no_reindex_read_stay_in_its_history() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let manifest: Value = serde_json::from_slice(
+        &std::fs::read(app.root.join("exp/out_manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    let journal = app.root.join("exp/out_manifest_resume_drift.jsonl");
+    for second in 0..3 {
+        let line = json!({
+            "at": format!("2026-11-29T10:00:0{second}.000000Z"),
+            "run_id": run_id,
+            "saved_config_digest": manifest["config_digest"],
+            "current_config_digest": format!("{second:064x}"),
+            "operational_keys": ["servers.a.port"],
+        });
+        recovery_sidecar::append_line(&journal, line.to_string().as_bytes()).expect("append");
+    }
+    let mut body = app.create_body();
+    body["replace"] = json!(true);
+    let replaced = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
+        .await;
+    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    let history = app
+        .call(
+            Method::GET,
+            &format!("/drift?run_id={run_id}"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(history.status, StatusCode::OK, "{}", history.body);
+    assert_eq!(
+        history.body["events"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        history.body
+    );
+}
+
 #[tokio::test]
 async fn settings_that_refuse_everything_or_confuse_callers_stop_the_start() {
     for (what, adjust) in [
