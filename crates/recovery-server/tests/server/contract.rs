@@ -2128,6 +2128,17 @@ async fn a_replaced_runs_journal_lines_no_reindex_read_stay_in_its_history() {
         "{}",
         history.body
     );
+    // The replaced run's own route answers the same history (hostile review 52, F7).
+    let own = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/drift"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(own.status, StatusCode::OK, "{}", own.body);
+    assert_eq!(own.body["events"], history.body["events"]);
 }
 
 #[tokio::test]
