@@ -2092,16 +2092,13 @@ async fn replacing_a_run_a_collector_holds_is_refused_naming_the_holder() {
 async fn a_replaced_runs_journal_lines_no_reindex_read_stay_in_its_history() {
     let app = TestApp::new().await;
     let run_id = app.create().await;
-    let manifest: Value = serde_json::from_slice(
-        &std::fs::read(app.root.join("exp/out_manifest.json")).expect("manifest"),
-    )
-    .expect("json");
-    let journal = app.root.join("exp/out_manifest_resume_drift.jsonl");
+    let manifest = super::concurrency::saved_manifest(&app);
+    let journal = recovery_sidecar::SidecarPaths::for_output(&app.output()).resume_drift;
     for second in 0..3 {
         let line = json!({
             "at": format!("2026-11-29T10:00:0{second}.000000Z"),
             "run_id": run_id,
-            "saved_config_digest": manifest["config_digest"],
+            "saved_config_digest": manifest.config_digest,
             "current_config_digest": format!("{second:064x}"),
             "operational_keys": ["servers.a.port"],
         });
