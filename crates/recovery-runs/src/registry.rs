@@ -686,11 +686,11 @@ impl Registry {
     }
 
     /// Brings the database up to date with every sidecar under the roots, beside the service's
-    /// other work: runs whose drift journals hold lines to index are merged [`IDLE_RUNS`] at a
+    /// other work: runs whose drift journals hold lines to index are merged [`GROUP_RUNS`] at a
     /// time, so a run's requests wait at most for its own group (a run's rows are locked while
     /// its group is indexed).
     pub async fn reindex(&self) -> Result<ReindexReport, RegistryError> {
-        self.reindex_merging(IDLE_RUNS).await
+        self.reindex_merging(GROUP_RUNS).await
     }
 
     /// [`Self::reindex`] at start-up, while the service answers nothing that reads or changes
@@ -720,22 +720,11 @@ impl Registry {
         Ok(report)
     }
 
-    /// How many runs a reindex takes together, their drift journals merged into one time
-    /// order, at most `merged`. SQLite inserts into the time-ordered tables at their end, where
-    /// journals read one after the other insert each run's whole history between the previous
-    /// runs' events (measured, 1M lines over 4 runs: 134k lines/s one after the other, 228k
-    /// lines/s when the runs' times do not overlap). On PostgreSQL every run's section holds one
-    /// of a few pooled connections (its advisory lock), so runs are taken one at a time there.
-    fn merged_runs(&self, merged: usize) -> usize {
-        match self.store.backend() {
-            Backend::Sqlite => merged,
-            Backend::Postgres => 1,
-        }
-    }
-
     /// The manifests in the groups a reindex takes together (their rows locked at once): first
-    /// the runs whose drift journals hold lines not indexed yet, `merged` together, merged into
-    /// one time order ([`Self::merged_runs`]), then the others [`IDLE_RUNS`] at a time.
+    /// the runs whose drift journals hold lines not indexed yet, `merged` together, their drift
+    /// journals merged into one time order (SQLite then inserts into its time-ordered tables at
+    /// their end: measured, 1M lines over 4 runs read one after the other 134k lines/s, merged
+    /// 228k), then the others [`GROUP_RUNS`] at a time.
     ///
     /// Every group after the first inserts its events among the earlier groups' (their times
     /// overlap): in SQLite's time-ordered tables that rewrites pages all along them, so the cost
@@ -744,13 +733,15 @@ impl Registry {
     /// database (against 230k lines/s over 4 runs); merged together, 94-129k lines/s and 2.4 GB.
     /// Whether a journal has lines to index is a hint here (its size against its mark: lines the
     /// service journals itself do not move the mark); the group's reindex decides under its locks.
+    ///
+    /// On PostgreSQL every run's section holds one of a few pooled connections (its advisory
+    /// lock), so runs are taken one at a time there.
     async fn reindex_groups(
         &self,
         manifests: Vec<PathBuf>,
         merged: usize,
     ) -> Result<Vec<Vec<PathBuf>>, RegistryError> {
-        let merged = self.merged_runs(merged);
-        if merged == 1 {
+        if self.store.backend() == Backend::Postgres {
             return Ok(manifests.into_iter().map(|m| vec![m]).collect());
         }
         let journals: Vec<PathBuf> = manifests
@@ -761,9 +752,7 @@ impl Registry {
             Ok(journals
                 .into_iter()
                 .map(|journal| {
-                    let identity = std::fs::symlink_metadata(&journal)
-                        .ok()
-                        .map(|m| (m.dev() as i64, m.ino() as i64, m.len() as i64));
+                    let identity = journal_identity(&journal);
                     (journal, identity)
                 })
                 .collect::<Vec<_>>())
@@ -789,7 +778,7 @@ impl Registry {
         }
         Ok(pending
             .chunks(merged)
-            .chain(idle.chunks(IDLE_RUNS))
+            .chain(idle.chunks(GROUP_RUNS))
             .map(<[PathBuf]>::to_vec)
             .collect())
     }
@@ -849,9 +838,7 @@ impl Registry {
         let identity = blocking(move || {
             // Anything but a regular file is read too, so that its reader reports it; its
             // bytes before a mark are never read (`bytes_before` opens regular files only).
-            Ok(std::fs::symlink_metadata(&stat_path)
-                .ok()
-                .map(|m| (m.dev() as i64, m.ino() as i64, m.len() as i64)))
+            Ok(journal_identity(&stat_path))
         })
         .await?;
         let Some((device, inode, length)) = identity else {
@@ -904,8 +891,8 @@ impl Registry {
             Ok(marks
                 .into_iter()
                 .filter_map(|(path, mark, end)| {
-                    let same = std::fs::symlink_metadata(&path).is_ok_and(|m| {
-                        m.dev() as i64 == mark.device && m.ino() as i64 == mark.inode
+                    let same = journal_identity(&path).is_some_and(|(device, inode, _)| {
+                        (device, inode) == (mark.device, mark.inode)
                     });
                     same.then(|| {
                         let row = JournalMarkRow {
@@ -1310,6 +1297,14 @@ impl Registry {
 /// Bytes of a journal's fingerprint before its mark (see [`bytes_before`]).
 const BEFORE_MARK_BYTES: u64 = 4096;
 
+/// A journal's identity as its mark records it: device, inode and length (of the entry itself:
+/// a link is never followed), or `None` when nothing is there.
+fn journal_identity(path: &Path) -> Option<(i64, i64, i64)> {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev() as i64, m.ino() as i64, m.len() as i64))
+}
+
 /// SHA-256 (hex) of the up to [`BEFORE_MARK_BYTES`] bytes of the file at `path` that end at
 /// `end`: what a journal's mark remembers of the lines before it. `None` when they cannot be
 /// read (the file is gone, shorter, or a symbolic link, which journals never follow).
@@ -1354,9 +1349,9 @@ const MERGED_RUNS: usize = 200;
 /// The fewest lines of a merged journal read at a time.
 const MERGED_LINES_MIN: usize = 100;
 /// Runs a reindex takes together when their drift journals hold nothing new (their rows locked
-/// for as long as their sidecars take), and runs whose journals hold lines to index that a
-/// reindex beside the service's other work merges ([`Registry::reindex`]).
-const IDLE_RUNS: usize = 8;
+/// for as long as their sidecars take), and the runs with lines to index that a reindex beside
+/// the service's other work merges ([`Registry::reindex`]).
+const GROUP_RUNS: usize = 8;
 /// Events one transaction of a merged reindex inserts.
 const MERGED_BATCH: usize = 20_000;
 

@@ -1383,16 +1383,6 @@ impl Store {
         .transpose()
     }
 
-    /// Records how far the journal at `path` was indexed.
-    pub async fn set_journal_mark(
-        &self,
-        path: &str,
-        mark: &JournalMarkRow,
-    ) -> Result<(), StoreError> {
-        self.set_journal_marks(&[(path.to_owned(), mark.clone())])
-            .await
-    }
-
     /// Records how far each of several journals (its path, its mark) was indexed, in one
     /// transaction.
     pub async fn set_journal_marks(
