@@ -435,27 +435,6 @@ async fn insert_drift_chunk(
     }
 }
 
-/// Records how far the journal at `path` was indexed, inside a transaction.
-async fn upsert_journal_mark(
-    tx: &mut Tx<'_>,
-    path: &str,
-    mark: &JournalMarkRow,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO journal_marks (path, device, inode, indexed_to, before_mark) VALUES ($1, $2, $3, $4, $5) \
-         ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, \
-         indexed_to = excluded.indexed_to, before_mark = excluded.before_mark",
-    )
-    .bind(path)
-    .bind(mark.device)
-    .bind(mark.inode)
-    .bind(mark.indexed_to)
-    .bind(mark.before_mark.as_deref())
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 /// `(?, ?, ...), (?, ...)`: `rows` tuples of `columns` positional parameters.
 fn positional(rows: usize, columns: usize) -> String {
     let tuple = format!("({})", vec!["?"; columns].join(", "));
@@ -713,12 +692,16 @@ fn to_json(list: &[String]) -> String {
     serde_json::to_string(list).unwrap_or_else(|_| "[]".into())
 }
 
+/// How [`shown_database_url`] shows a URL it cannot take apart.
+const UNPARSABLE_URL: &str =
+    "(a database URL that does not parse; not shown: it may hold a password)";
+
 /// What is shown of a database URL in logs and errors: the URL with the password of its user
 /// info and the value of every credential-named query parameter (`password`, `sslpassword`, ...)
 /// replaced by `***`; a text that is not a URL is not shown at all.
 pub fn shown_database_url(url: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(url) else {
-        return "(a database URL that does not parse; not shown: it may hold a password)".into();
+        return UNPARSABLE_URL.into();
     };
     let hidden = "***";
     // An `@` the parser did not take as the end of the user info (a password holding `@`, `/`,
@@ -730,7 +713,7 @@ pub fn shown_database_url(url: &str) -> String {
             (Some((scheme, _)), Some(last)) => {
                 shown_database_url(&format!("{scheme}://{hidden}{}", &url[last..]))
             }
-            _ => "(a database URL that does not parse; not shown: it may hold a password)".into(),
+            _ => UNPARSABLE_URL.into(),
         };
     }
     let secret_params = parsed
@@ -880,13 +863,13 @@ impl Store {
             .after_connect(move |connection, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
-                        // WAL lets readers run beside the writer; waits instead of failing on a
-                        // briefly locked database.
                         // Before anything is written: a new database's page size is fixed by
                         // its first write (switching to WAL is one); an existing one keeps its own.
                         sqlx::query(SQLITE_PAGE_SIZE)
                             .execute(&mut *connection)
                             .await?;
+                        // WAL lets readers run beside the writer; waits instead of failing on a
+                        // briefly locked database.
                         sqlx::query("PRAGMA journal_mode = WAL")
                             .execute(&mut *connection)
                             .await?;
@@ -1394,7 +1377,18 @@ impl Store {
         }
         let mut tx = self.pool.begin().await?;
         for (path, mark) in marks {
-            upsert_journal_mark(&mut tx, path, mark).await?;
+            sqlx::query(
+                "INSERT INTO journal_marks (path, device, inode, indexed_to, before_mark) VALUES ($1, $2, $3, $4, $5) \
+                 ON CONFLICT (path) DO UPDATE SET device = excluded.device, inode = excluded.inode, \
+                 indexed_to = excluded.indexed_to, before_mark = excluded.before_mark",
+            )
+            .bind(path)
+            .bind(mark.device)
+            .bind(mark.inode)
+            .bind(mark.indexed_to)
+            .bind(mark.before_mark.as_deref())
+            .execute(&mut *tx)
+            .await?;
         }
         tx.commit().await?;
         Ok(())
