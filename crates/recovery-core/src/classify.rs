@@ -115,7 +115,7 @@ fn classify_chunk(
         torn_line: None,
         problem: None,
     };
-    for raw in chunk.split_inclusive(|&b| b == b'\n') {
+    for raw in crate::rows::lines_with_ends(chunk) {
         result.lines += 1;
         if crate::rows::is_blank(raw) {
             continue;

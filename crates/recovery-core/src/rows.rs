@@ -21,6 +21,22 @@ pub fn is_blank(line: &[u8]) -> bool {
         .all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c'))
 }
 
+/// The lines of `chunk`, each with its `\n` (the last one without, if unterminated): what
+/// `split_inclusive(|&b| b == b'\n')` gives, found with `memchr` (the byte-at-a-time split
+/// was 6% of a cold plan's CPU).
+pub fn lines_with_ends(chunk: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = chunk;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = memchr::memchr(b'\n', rest).map_or(rest.len(), |at| at + 1);
+        let (line, tail) = rest.split_at(end);
+        rest = tail;
+        Some(line)
+    })
+}
+
 pub const TASK_INDEX_KEY: &str = "_ng_task_index";
 pub const ROLLOUT_INDEX_KEY: &str = "_ng_rollout_index";
 pub const ATTEMPT_INDEX_KEY: &str = "_ng_attempt_index";

@@ -49,7 +49,7 @@ fn parse_chunk<T>(chunk: &[u8], parse: impl Fn(&[u8]) -> Result<Option<T>, Strin
         problem: None,
     };
     let mut offset = 0u64;
-    for (i, raw) in chunk.split_inclusive(|&b| b == b'\n').enumerate() {
+    for (i, raw) in crate::rows::lines_with_ends(chunk).enumerate() {
         let line = i as u64 + 1;
         let terminated = raw.last() == Some(&b'\n');
         let at = offset;

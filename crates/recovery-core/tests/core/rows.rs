@@ -1,6 +1,7 @@
 //! Reading saved JSONL: torn tails, malformed lines, non-objects, blank lines; rollout ids.
 
-use recovery_core::rows::{JsonlError, logical_rollout_id, read_jsonl};
+use proptest::prelude::*;
+use recovery_core::rows::{JsonlError, lines_with_ends, logical_rollout_id, read_jsonl};
 use serde_json::json;
 
 #[test]
@@ -159,4 +160,17 @@ fn a_line_is_blank_exactly_when_python_bytes_strip_leaves_nothing() {
     let file = [blank.as_slice(), b"{\"a\":1}\n"].concat();
     let (records, _) = read_jsonl(file.as_slice(), "out.jsonl").expect("blank lines skipped");
     assert_eq!(records.len(), 1);
+}
+
+proptest! {
+    /// The memchr line splitter every JSONL chunk reader uses cuts exactly where the standard
+    /// library's `split_inclusive` does, an unterminated tail and empty lines included.
+    #[test]
+    fn lines_with_ends_cut_where_split_inclusive_cuts(
+        bytes in prop::collection::vec(prop::sample::select(vec![b'\n', b'\n', b'a', b' ', b'{', b'\r']), 0..64)
+    ) {
+        let ours: Vec<&[u8]> = lines_with_ends(&bytes).collect();
+        let std: Vec<&[u8]> = bytes.split_inclusive(|&b| b == b'\n').collect();
+        prop_assert_eq!(ours, std);
+    }
 }
