@@ -64,6 +64,47 @@ pub fn digest_text(text: &[u8]) -> Result<String, CanonicalError> {
     Ok(sha256_hex(&out))
 }
 
+/// A step of the way to a value inside a JSON document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathStep {
+    Key(String),
+    Index(usize),
+}
+
+/// The first number in `value` whose canonical form the digest refuses (a float past a double's
+/// range, which Python reads as infinity and `json.dumps(allow_nan=False)` refuses, or an
+/// integer longer than Python reads), with the way to it and the reason: found before a digest
+/// is taken of a value so the refusal names the key (the digest's own error can only say
+/// "byte 0", a value having no bytes). The rule is the canonicalizer's own number writer.
+pub fn number_without_canonical_form(value: &Value) -> Option<(Vec<PathStep>, CanonicalError)> {
+    fn walk(value: &Value, path: &mut Vec<PathStep>) -> Option<CanonicalError> {
+        match value {
+            Value::Number(number) => {
+                write_number_text(number.to_string().as_bytes(), 0, &mut Vec::new()).err()
+            }
+            Value::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
+                path.push(PathStep::Index(i));
+                let found = walk(item, path);
+                if found.is_none() {
+                    path.pop();
+                }
+                found
+            }),
+            Value::Object(map) => map.iter().find_map(|(key, item)| {
+                path.push(PathStep::Key(key.clone()));
+                let found = walk(item, path);
+                if found.is_none() {
+                    path.pop();
+                }
+                found
+            }),
+            _ => None,
+        }
+    }
+    let mut path = Vec::new();
+    walk(value, &mut path).map(|error| (path, error))
+}
+
 /// Canonical JSON of a parsed value.
 pub fn canonical_value(value: &Value) -> Result<String, CanonicalError> {
     let mut out = Vec::new();

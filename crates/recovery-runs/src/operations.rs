@@ -2145,6 +2145,48 @@ fn prepare_rows(
     Ok((None, digest, RowReferences::from_rows(&values)))
 }
 
+/// Refuses a configuration holding a number its digest cannot be taken of (`1e999`, which
+/// Python reads as infinity), naming the key: `config.a.b[2]: ...` (hostile review 53, F1: the
+/// digest's refusal said `identity_error ... (byte 0)`, naming nothing). A key that is no plain
+/// name stops the field path there and is quoted in the message.
+fn refuse_numbers_without_canonical_form(field: &str, value: &Value) -> Result<(), OpError> {
+    use recovery_core::canonical::{CanonicalError, PathStep, number_without_canonical_form};
+    let Some((path, error)) = number_without_canonical_form(value) else {
+        return Ok(());
+    };
+    let plain =
+        |key: &str| !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    // The way to the number: as a field path while its keys are plain names, quoted after.
+    let (mut named, mut rest) = (field.to_owned(), String::new());
+    for step in &path {
+        let (target, text) = match step {
+            PathStep::Key(key) if plain(key) && rest.is_empty() => (&mut named, format!(".{key}")),
+            PathStep::Key(key) => (
+                &mut rest,
+                format!("[{}]", serde_json::to_string(key).unwrap_or_default()),
+            ),
+            PathStep::Index(i) if rest.is_empty() => (&mut named, format!("[{i}]")),
+            PathStep::Index(i) => (&mut rest, format!("[{i}]")),
+        };
+        target.push_str(&text);
+    }
+    let reason = match error {
+        CanonicalError::IntegerTooLong { .. } => format!(
+            "integer longer than {} digits",
+            recovery_core::canonical::MAX_INT_DIGITS
+        ),
+        _ => "NaN and infinite numbers have no JSON form".to_owned(),
+    };
+    let at = if rest.is_empty() {
+        String::new()
+    } else {
+        format!(" (at {rest})")
+    };
+    Err(OpError::Invalid(format!(
+        "{named}: a number with no canonical form{at}: {reason}"
+    )))
+}
+
 fn prepare(
     request: &NewRun,
     paths: &SidecarPaths,
@@ -2156,6 +2198,12 @@ fn prepare(
         ));
     }
     let (materialized, digest, references) = prepare_rows(request.rows.as_ref(), paths)?;
+    for (field, value) in [
+        ("config", &request.config),
+        ("global_config", &request.global_config),
+    ] {
+        refuse_numbers_without_canonical_form(field, value)?;
+    }
     let identity = ConfigurationIdentity::compute(ConfigBundle {
         config: &request.config,
         global_config: &request.global_config,

@@ -634,6 +634,42 @@ async fn a_create_with_a_repeated_rollout_id_is_refused_in_the_python_modules_wo
     assert!(!paths.manifest.exists() && !paths.materialized.exists());
 }
 
+/// A configuration holding a number its digest cannot be taken of (`1e999`, infinity to Python)
+/// is refused as the request's fault, naming the key, where the digest's refusal said
+/// `identity_error ... (byte 0)` (hostile review 53, F1); a key that is no plain name is quoted
+/// after the field. Nothing is written.
+#[tokio::test]
+async fn a_create_whose_configuration_holds_an_infinite_number_names_its_key() {
+    let app = TestApp::new().await;
+    let cases = [
+        ("config", r#"{"a": {"b": [1, 1e999]}}"#, "config.a.b[1]", ""),
+        (
+            "global_config",
+            r#"{"my server": {"port": -1e400}}"#,
+            "global_config",
+            r#"(at ["my server"]["port"])"#,
+        ),
+    ];
+    for (field, text, named, quoted) in cases {
+        let mut body = app.create_body();
+        body[field] = serde_json::from_str(text).expect("a JSON text");
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
+        let message = reply.body["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("{named}: a number with no canonical form"))
+                && message.contains(quoted)
+                && message.ends_with("NaN and infinite numbers have no JSON form"),
+            "{message}"
+        );
+        assert_eq!(reply.body["details"]["field"], named, "{}", reply.body);
+        let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+        assert!(!paths.manifest.exists() && !paths.materialized.exists());
+    }
+}
+
 /// Refusals about the request as a whole name no field (the review saw `details.field: "body"`),
 /// nor does a key no field has that reads as no field name (it is not repeated either), and
 /// the audit log's cursor refusal does not point at a drift-only parameter.
