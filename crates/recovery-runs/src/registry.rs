@@ -717,7 +717,86 @@ impl Registry {
             }
             self.reindex_drift_merged(journals, &mut report).await?;
         }
+        self.reindex_replaced(&mut report).await?;
         Ok(report)
+    }
+
+    /// Records the runs an operator replaced (their manifests set aside as
+    /// `*_manifest.json.replaced-<time>`) that the database does not know, as superseded by the
+    /// run that replaced each (the next one set aside at that output, else the manifest in
+    /// place), and indexes their set-aside drift journals: a database rebuilt from the files
+    /// keeps the replaced runs and their history (hostile review 52, F2: they were gone). A run
+    /// the database knows as current is another output's (a copy) and is left alone; lines
+    /// already indexed keep their ids (derived from run, journal kind, offset and bytes).
+    async fn reindex_replaced(&self, report: &mut ReindexReport) -> Result<(), RegistryError> {
+        let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
+        let chains = blocking(move || Ok(find_replaced_manifests(&roots))).await?;
+        for (manifest_path, set_aside) in chains {
+            let paths = SidecarPaths::for_output(&output_for_manifest(&manifest_path));
+            let _rows = self.locks.lock_rows(&paths).await?;
+            let read = blocking(move || {
+                let run_of = |path: &Path| {
+                    recovery_sidecar::read_regular(path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|bytes| {
+                            RunManifest::from_json_bytes(&bytes).map_err(|e| e.to_string())
+                        })
+                };
+                let live = run_of(&manifest_path).ok().map(|m| m.run_id);
+                let runs: Vec<_> = set_aside
+                    .into_iter()
+                    .map(|SetAside { path, suffix, .. }| {
+                        let run = run_of(&path);
+                        (path, suffix, run)
+                    })
+                    .collect();
+                Ok((live, runs))
+            })
+            .await?;
+            let (live, runs) = read;
+            let now = self.clock.now_text();
+            for (i, (path, suffix, run)) in runs.iter().enumerate() {
+                let manifest = match run {
+                    Ok(manifest) if usable_run_id(&manifest.run_id).is_ok() => manifest,
+                    Ok(_) => continue,
+                    Err(why) => {
+                        report
+                            .unreadable
+                            .push((path.display().to_string(), why.clone()));
+                        continue;
+                    }
+                };
+                let successor = runs[i + 1..]
+                    .iter()
+                    .find_map(|(_, _, run)| run.as_ref().ok().map(|m| m.run_id.clone()))
+                    .or_else(|| live.clone())
+                    .filter(|successor| *successor != manifest.run_id);
+                let Some(successor) = successor else {
+                    continue;
+                };
+                match self.store.get_run(&manifest.run_id).await? {
+                    Some(known) if known.superseded_by.is_none() => continue,
+                    Some(_) => {}
+                    None => {
+                        let record = run_record(manifest, &paths.output, &now, &now);
+                        if self
+                            .store
+                            .insert_superseded_run(&record, &successor)
+                            .await?
+                        {
+                            report.runs += 1;
+                            report
+                                .superseded
+                                .push((manifest.run_id.clone(), successor.clone()));
+                        }
+                    }
+                }
+                let journal = PathBuf::from(format!("{}{suffix}", paths.resume_drift.display()));
+                self.reindex_drift(&manifest.run_id, &journal, report)
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     /// The manifests in the groups a reindex takes together (their rows locked at once): first
@@ -1671,6 +1750,65 @@ fn find_manifests(roots: &[PathBuf]) -> Vec<PathBuf> {
     }
     found.sort();
     found
+}
+
+/// A manifest an operator's replacement set aside: its order among its output's, its path and
+/// the suffix its files were given.
+struct SetAside {
+    order: (i64, u64),
+    path: PathBuf,
+    suffix: String,
+}
+
+/// Every manifest an operator's replacement set aside under the roots
+/// (`<stem>_manifest.json.replaced-<unix seconds>`, then `-2`, `-3`, ... as
+/// [`crate::operations`] names them), by the manifest path they were set aside from, each
+/// output's in the order they were set aside.
+fn find_replaced_manifests(
+    roots: &[PathBuf],
+) -> std::collections::BTreeMap<PathBuf, Vec<SetAside>> {
+    let mut found: std::collections::BTreeMap<PathBuf, Vec<SetAside>> = Default::default();
+    for root in roots {
+        for entry in walkdir::WalkDir::new(root)
+            .follow_links(false)
+            .into_iter()
+            .filter_map(Result::ok)
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(at) = name.find("_manifest.json.replaced-") else {
+                continue;
+            };
+            let (base, suffix) = name.split_at(at + "_manifest.json".len());
+            let Some(order) = replacement_order(suffix) else {
+                continue;
+            };
+            if !entry.file_type().is_file() || base.starts_with('.') {
+                continue;
+            }
+            found
+                .entry(entry.path().with_file_name(base))
+                .or_default()
+                .push(SetAside {
+                    order,
+                    path: entry.path().to_owned(),
+                    suffix: suffix.to_owned(),
+                });
+        }
+    }
+    for set_aside in found.values_mut() {
+        set_aside.sort_by_key(|s| s.order);
+    }
+    found
+}
+
+/// The order of a replacement's suffix (`.replaced-<seconds>` or `.replaced-<seconds>-<n>`).
+fn replacement_order(suffix: &str) -> Option<(i64, u64)> {
+    let rest = suffix.strip_prefix(".replaced-")?;
+    let (seconds, n) = match rest.split_once('-') {
+        Some((seconds, n)) => (seconds, n.parse().ok()?),
+        None => (rest, 1),
+    };
+    Some((seconds.parse().ok()?, n))
 }
 
 /// The output a manifest belongs to: `<stem>.jsonl` when present, else another file with that

@@ -1040,6 +1040,39 @@ impl Store {
         Ok(previous)
     }
 
+    /// Records a run that `successor` had already replaced at its output (a set-aside manifest
+    /// a rebuild from the files found): kept in history as [`Self::upsert_run`] keeps a run it
+    /// supersedes, under the suffixed path, never touching the output's current run. A run
+    /// already recorded (or a suffixed path already taken) is left as it is: `false`.
+    pub async fn insert_superseded_run(
+        &self,
+        run: &RunRecord,
+        successor: &str,
+    ) -> Result<bool, StoreError> {
+        let inserted = sqlx::query(
+            "INSERT INTO runs (run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
+             identity_overridden, max_rollout_attempts, created_at, updated_at, superseded_by) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
+        )
+        .bind(&run.run_id)
+        .bind(format!("{}#superseded-by-{successor}", run.output_path))
+        .bind(&run.source_digest)
+        .bind(&run.materialized_digest)
+        .bind(&run.config_digest)
+        .bind(i64::from(run.legacy_import))
+        .bind(i64::from(run.identity_overridden))
+        .bind(run.max_rollout_attempts)
+        .bind(&run.created_at)
+        .bind(&run.updated_at)
+        .bind(successor)
+        .execute(&self.pool)
+        .await?
+        .rows_affected()
+            > 0;
+        self.owner.runs.forget(&run.run_id);
+        Ok(inserted)
+    }
+
     fn run_from_row(row: &AnyRow) -> Result<RunRecord, StoreError> {
         let superseded_by: Option<String> = row.try_get("superseded_by")?;
         let mut output_path: String = row.try_get("output_path")?;

@@ -93,6 +93,52 @@ fn run(id: &str, output: &str, second: u32) -> RunRecord {
     }
 }
 
+/// A run another had already replaced (a rebuild finding a set-aside manifest) is recorded as
+/// superseded without touching the output's current run, once: a second insert, or one whose
+/// suffixed path is taken, changes nothing.
+#[tokio::test]
+async fn a_run_recorded_as_already_superseded_leaves_the_current_run_alone() {
+    with_each_backend(|store| async move {
+        store
+            .upsert_run(&run("live", "/data/r.jsonl", 3))
+            .await
+            .expect("live");
+        let old = run("old", "/data/r.jsonl", 1);
+        assert!(
+            store
+                .insert_superseded_run(&old, "live")
+                .await
+                .expect("insert")
+        );
+        assert!(
+            !store
+                .insert_superseded_run(&old, "live")
+                .await
+                .expect("again")
+        );
+        let twin = run("twin", "/data/r.jsonl", 2);
+        assert!(
+            !store
+                .insert_superseded_run(&twin, "live")
+                .await
+                .expect("path taken")
+        );
+        let recorded = store.get_run("old").await.expect("get").expect("kept");
+        assert_eq!(recorded.superseded_by.as_deref(), Some("live"));
+        assert_eq!(recorded.output_path, "/data/r.jsonl");
+        let current = store
+            .find_run_by_output("/data/r.jsonl")
+            .await
+            .expect("find");
+        assert_eq!(
+            current.map(|r| (r.run_id, r.superseded_by)),
+            Some(("live".into(), None))
+        );
+        assert_eq!(store.current_owner("old").await.expect("owner"), "live");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn runs_are_recorded_found_and_paged() {
     with_each_backend(|store| async move {

@@ -2174,6 +2174,113 @@ async fn a_replaced_runs_journal_lines_no_reindex_read_stay_in_its_history() {
     assert_eq!(own.body["events"], history.body["events"]);
 }
 
+/// A database rebuilt from the files keeps the runs an operator replaced, each superseded by
+/// the run that replaced it, with the drift history of its set-aside journal and the same event
+/// ids (hostile review 52, F2: a rebuild read only the manifests in place, so replaced runs and
+/// their history were gone). Two replacements in one second (suffixes `-<s>` and `-<s>-2`)
+/// keep their order.
+#[tokio::test]
+async fn a_database_rebuilt_from_the_files_keeps_replaced_runs_and_their_drift_history() {
+    let app = TestApp::new().await;
+    let first = app.create().await;
+    let manifest = super::concurrency::saved_manifest(&app);
+    let journal = recovery_sidecar::SidecarPaths::for_output(&app.output()).resume_drift;
+    for second in 0..3 {
+        let line = json!({
+            "at": format!("2026-11-29T10:00:0{second}.000000Z"),
+            "run_id": first,
+            "saved_config_digest": manifest.config_digest,
+            "current_config_digest": format!("{second:064x}"),
+            "operational_keys": ["servers.a.port"],
+        });
+        recovery_sidecar::append_line(&journal, line.to_string().as_bytes()).expect("append");
+    }
+    let mut runs = vec![first];
+    for _ in 0..2 {
+        let mut body = app.create_body();
+        body["replace"] = json!(true);
+        let replaced = app
+            .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
+            .await;
+        assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+        runs.push(replaced.body["run_id"].as_str().expect("id").to_owned());
+    }
+    let history = |state| {
+        let uri = format!("/drift?run_id={}", runs[0]);
+        async move { send(state, Method::GET, &uri, Some(VIEWER), None).await }
+    };
+    let before = history(app.state.clone()).await;
+    assert_eq!(before.body["events"].as_array().map(Vec::len), Some(3));
+
+    let fresh = tempfile::tempdir().expect("dir");
+    let mut config = app.config.clone();
+    config.data_dir = fresh.path().join("data");
+    let rebuilt = recovery_server::start(config, app.clock.clone())
+        .await
+        .expect("a service on a new database");
+    let after = history(rebuilt.clone()).await;
+    assert_eq!(after.status, StatusCode::OK, "{}", after.body);
+    assert_eq!(after.body["events"], before.body["events"]);
+    for (run, successor) in [(&runs[0], &runs[1]), (&runs[1], &runs[2])] {
+        let record = rebuilt
+            .registry
+            .store()
+            .get_run(run)
+            .await
+            .expect("store")
+            .expect("the replaced run is recorded");
+        assert_eq!(record.superseded_by.as_ref(), Some(successor), "{run}");
+        assert_eq!(record.output_path, app.output().display().to_string());
+    }
+    let validate = send(
+        rebuilt.clone(),
+        Method::POST,
+        &format!("/runs/{}/validate", runs[0]),
+        Some(COLLECTOR),
+        Some(app.validate_body(0.3, 8000).to_string()),
+    )
+    .await;
+    assert_eq!(validate.body["code"], "run_superseded", "{}", validate.body);
+    let live = send(
+        rebuilt.clone(),
+        Method::POST,
+        &format!("/runs/{}/validate", runs[2]),
+        Some(COLLECTOR),
+        Some(app.validate_body(0.3, 8000).to_string()),
+    )
+    .await;
+    assert_eq!(live.status, StatusCode::OK, "{}", live.body);
+    // Reindexing again finds nothing new.
+    let again = send(rebuilt, Method::POST, "/reindex", Some(OPERATOR), None).await;
+    assert_eq!(again.body["runs"], 0, "{}", again.body);
+    assert_eq!(again.body["drift_inserted"], 0, "{}", again.body);
+
+    // Four reindexes racing over another new database record each replaced run and line once.
+    let raced = tempfile::tempdir().expect("dir");
+    let mut config = app.config.clone();
+    config.data_dir = raced.path().join("data");
+    let opened = recovery_server::open(config, app.clock.clone())
+        .await
+        .expect("a service on another new database");
+    let registry = &opened.registry;
+    let (a, b, c, d) = tokio::join!(
+        registry.reindex(),
+        registry.reindex(),
+        registry.reindex(),
+        registry.reindex()
+    );
+    let (mut runs_recorded, mut lines) = (0, 0);
+    for report in [a, b, c, d] {
+        let report = report.expect("reindex");
+        runs_recorded += report.runs;
+        lines += report.drift_inserted;
+    }
+    assert_eq!((runs_recorded, lines), (3, 3), "each run and line once");
+    recovery_server::catch_up(&opened).await.expect("ready");
+    let after = history(opened.clone()).await;
+    assert_eq!(after.body["events"], before.body["events"]);
+}
+
 #[tokio::test]
 async fn settings_that_refuse_everything_or_confuse_callers_stop_the_start() {
     for (what, adjust) in [
