@@ -344,6 +344,19 @@ impl RunPlan<'_> {
     /// Counts, coverage and each state's rollouts: counted once per state of the run's files,
     /// manifest, cap and approvals (a repeated `GET /plan` or console page costs a copy).
     pub fn summary(&self) -> PlanSummary {
+        let mut summary = self.counted_summary();
+        summary.warnings.extend(self.torn_tail_warnings());
+        summary
+    }
+
+    /// The whole plan, every rollout's entry (the offline `plan` command's).
+    pub fn resume_plan(&self) -> recovery_core::plan::ResumePlan {
+        let mut plan = self.view().plan();
+        plan.warnings.extend(self.torn_tail_warnings());
+        plan
+    }
+
+    fn counted_summary(&self) -> PlanSummary {
         let Some((cell, inputs)) = &self.summary else {
             return self.view().summary();
         };
@@ -356,6 +369,56 @@ impl RunPlan<'_> {
         let summary = self.view().summary();
         *cached = Some((inputs.clone(), summary.clone()));
         summary
+    }
+
+    /// An outcome file that ends in an unterminated line that does not parse (a collector
+    /// stopped mid-write) was read up to that line, which is no outcome until its writer ends
+    /// it: facts §11.1's "ignored with a warning" (hostile review 53, F3: the plan said
+    /// nothing). An unterminated line that parses is an outcome, counted, and not warned of.
+    fn torn_tail_warnings(&self) -> Vec<String> {
+        [Artifact::Failures, Artifact::Results]
+            .into_iter()
+            .zip(self.outcome_files.iter().zip(self.read_to))
+            .filter(|(_, (file, read))| self.is_torn_tail(file, read.offset))
+            .map(|(artifact, (file, read))| {
+                format!(
+                    "{artifact} line {}: an unterminated final line ({} bytes at byte {}) is an \
+                     interrupted write, not read until its writer ends it",
+                    read.lines + 1,
+                    file.size - read.offset,
+                    read.offset
+                )
+            })
+            .collect()
+    }
+
+    /// Whether `file` holds bytes after `offset` (where its read stopped) that are an
+    /// unterminated line the index does not count: neither blank nor parsed as an outcome. A
+    /// tail longer than any line a reader would take is torn without reading it.
+    fn is_torn_tail(&self, file: &Measured, offset: u64) -> bool {
+        const LONGEST_READ: u64 = 64 << 20;
+        let (Some(handle), Some(length)) = (&file.file, file.size.checked_sub(offset)) else {
+            return false;
+        };
+        if length == 0 {
+            return false;
+        }
+        if length > LONGEST_READ {
+            return true;
+        }
+        let mut tail = vec![0u8; length as usize];
+        if handle.read_exact_at(&mut tail, offset).is_err() {
+            return false;
+        }
+        !recovery_core::rows::is_blank(&tail)
+            && !matches!(
+                OutcomeRow::parse(
+                    &tail,
+                    self.index.policy(),
+                    self.index.retry_terminal_timeouts()
+                ),
+                Ok(Some(_))
+            )
     }
 
     /// How many outcomes the index holds.

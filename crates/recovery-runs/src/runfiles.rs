@@ -232,6 +232,6 @@ pub fn build_plan(
     default_cap: u64,
 ) -> Result<(RunManifest, ResumePlan), RunFilesError> {
     crate::plans::plan_once(paths, default_cap, |plan| {
-        (plan.manifest.clone(), plan.view().plan())
+        (plan.manifest.clone(), plan.resume_plan())
     })
 }

@@ -215,10 +215,55 @@ impl Run {
     }
 }
 
+/// An outcome file ending in an unterminated line that does not parse (a collector killed
+/// mid-write) is warned of by the summary and the whole plan, naming the file's line; one that
+/// parses is an outcome (counted, no warning), and a blank tail is nothing (facts §11.1: "ignored
+/// with a warning"; hostile review 53, F3: the plan said nothing). Cold and warm alike.
+#[test]
+fn a_torn_final_line_is_warned_of_and_a_complete_unterminated_one_is_counted() {
+    let torn = "{\"_ng_task_index\": 1, \"_ng_attem".to_owned();
+    let cases = [
+        ("a torn line", Some(torn), true, 1),
+        ("a complete line without its line end", None, false, 2),
+        (
+            "blanks without a line end",
+            Some("  \t".to_owned()),
+            false,
+            1,
+        ),
+    ];
+    for (case, tail, warned, scored) in cases {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut run = Run::new(dir.path());
+        let first = run.reserve(0);
+        append(&run.paths.output, &format!("{}\n", outcome(0, first, 2)));
+        let cache = PlanCache::default();
+        // The warm cache has read the file before the tail came.
+        cache.with_plan(&run.paths, 3, |_| ()).expect("plan");
+        let second = run.reserve(1);
+        append(
+            &run.paths.output,
+            &tail.unwrap_or_else(|| outcome(1, second, 2)),
+        );
+        let answer = |p: &recovery_runs::plans::RunPlan<'_>| (p.summary(), p.resume_plan());
+        let cold = plan_once(&run.paths, 3, answer).expect("cold");
+        let warm = cache.with_plan(&run.paths, 3, answer).expect("warm");
+        for (how, (summary, whole)) in [("cold", cold), ("warm", warm)] {
+            let warning = summary
+                .warnings
+                .iter()
+                .any(|w| w.starts_with("results line 2: an unterminated final line"));
+            assert_eq!(warning, warned, "{case}, {how}: {:?}", summary.warnings);
+            assert_eq!(summary.warnings, whole.warnings, "{case}, {how}");
+            assert_eq!(summary.coverage.successful, scored, "{case}, {how}");
+        }
+    }
+}
+
 fn cold_and_warm_agree(cache: &PlanCache, run: &Run) -> Result<(), String> {
     // The whole plan, and the summary as `GET /plan` takes it (kept by a warm cache while
     // nothing it depends on changed).
-    let plan = |p: &recovery_runs::plans::RunPlan<'_>| (p.view().plan(), p.summary());
+    let plan = |p: &recovery_runs::plans::RunPlan<'_>| (p.resume_plan(), p.summary());
     let cold = plan_once(&run.paths, 3, plan).map_err(|e| e.to_string());
     let warm = cache
         .with_plan(&run.paths, 3, plan)
