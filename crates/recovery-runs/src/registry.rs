@@ -778,7 +778,10 @@ impl Registry {
                     Some(known) if known.superseded_by.is_none() => continue,
                     Some(_) => {}
                     None => {
-                        let record = run_record(manifest, &paths.output, &now, &now);
+                        let materialized =
+                            PathBuf::from(format!("{}{suffix}", paths.materialized.display()));
+                        let created = self.created_time_of(materialized).await?;
+                        let record = run_record(manifest, &paths.output, &created, &now);
                         if self
                             .store
                             .insert_superseded_run(&record, &successor)
@@ -797,6 +800,26 @@ impl Registry {
             }
         }
         Ok(())
+    }
+
+    /// When a run the database does not know was created, as its files tell: the modification
+    /// time of its materialized inputs (written when the run is created, never again), else
+    /// now (no such file, or a time in the future: a clock set wrong). A database rebuilt from
+    /// the files gave every run the rebuild's time, so "newest first" listed them in the order
+    /// of the directory scan (hostile review 53, F5).
+    async fn created_time_of(&self, materialized: PathBuf) -> Result<String, RegistryError> {
+        let now = self.clock.now();
+        let written = blocking(move || {
+            Ok(std::fs::symlink_metadata(&materialized)
+                .and_then(|m| m.modified())
+                .ok())
+        })
+        .await?;
+        let written = written
+            .map(time::OffsetDateTime::from)
+            .filter(|written| *written <= now)
+            .unwrap_or(now);
+        Ok(recovery_sidecar::format_rfc3339(written))
     }
 
     /// The manifests in the groups a reindex takes together (their rows locked at once): first
@@ -1204,9 +1227,10 @@ impl Registry {
         if existing.is_none() {
             report.runs += 1;
         }
-        let created = existing
-            .as_ref()
-            .map_or_else(|| now.clone(), |e| e.created_at.clone());
+        let created = match &existing {
+            Some(known) => known.created_at.clone(),
+            None => self.created_time_of(paths.materialized.clone()).await?,
+        };
         let output = existing
             .map(|e| PathBuf::from(e.output_path))
             .filter(|recorded| SidecarPaths::for_output(recorded).manifest == manifest_path)
