@@ -1031,7 +1031,14 @@ impl Registry {
                 .store()
                 .find_run_by_output(&companion.display().to_string())
                 .await?;
-            if SidecarPaths::for_output(companion).manifest.exists() || recorded.is_some() {
+            // A manifest beside it makes the companion a run's output only when that manifest
+            // is found to be the companion's: `results.v2_resubmit_offset` has the stem
+            // `results`, but `results_manifest.json` is the run of `results.jsonl` (hostile
+            // review 53, F2: `results.v2.jsonl` beside `results.jsonl` was refused, untruly).
+            let manifest = SidecarPaths::for_output(companion).manifest;
+            let its_output =
+                manifest.exists() && crate::registry::output_for_manifest(&manifest) == *companion;
+            if its_output || recorded.is_some() {
                 return refuse(format!(
                     "its companion {} is another run's output",
                     companion.display()

@@ -1315,6 +1315,34 @@ async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_
     );
 }
 
+/// Outputs whose names share a prefix (`results.jsonl`, `results.v2.jsonl`, `out.jsonl.bak`)
+/// have companions of their own and are created side by side, in either order (hostile review
+/// 53, F2: the second was refused, saying its companion `results.v2_resubmit_offset` was
+/// another run's output, since Python's stem of that name is `results`).
+#[tokio::test]
+async fn outputs_whose_names_share_a_prefix_are_created_side_by_side_in_either_order() {
+    let app = TestApp::new().await;
+    for (directory, names) in [
+        ("versions", ["results.jsonl", "results.v2.jsonl"]),
+        ("versions-reversed", ["results.v2.jsonl", "results.jsonl"]),
+        ("backup", ["out.jsonl", "out.jsonl.bak"]),
+    ] {
+        for name in names {
+            let mut body = app.create_body();
+            body["output_path"] = json!(app.root.join(directory).join(name));
+            let reply = app
+                .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+                .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::CREATED,
+                "{directory}/{name}: {}",
+                reply.body
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sixty_four_concurrent_drift_validations_leave_one_journal_line_and_one_row_each() {
     let app = TestApp::new().await;
