@@ -582,8 +582,9 @@ pub struct ListParams {
     /// Where the previous page ended (its `next_cursor`).
     #[param(max_length = 400)]
     pub cursor: Option<String>,
-    /// Find the run recorded for this output path.
+    /// Find the run recorded for this output path (a URL is refused, as in bodies).
     #[param(max_length = 4096)]
+    #[serde(default, deserialize_with = "crate::limits::opt_path")]
     pub output_path: Option<String>,
 }
 

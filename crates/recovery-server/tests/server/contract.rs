@@ -581,6 +581,15 @@ async fn an_invalid_field_is_named_in_details() {
             None,
             "run_id",
         ),
+        // A URL looked up as an output path is refused as in bodies, not answered "no run"
+        // (hostile review 53, F4).
+        (
+            Method::GET,
+            "/runs?output_path=https%3A%2F%2Fu%3Apw%40h%2Fx.jsonl".to_owned(),
+            VIEWER,
+            None,
+            "output_path",
+        ),
     ];
     for (method, uri, token, body, field) in cases.into_iter().chain(checked) {
         let reply = app.call(method.clone(), &uri, Some(token), body).await;
