@@ -879,12 +879,15 @@ impl Arguments<'_> {
                 continue;
             }
             if !unquoted_allowed(c) {
-                // The marker is where a credential-named interpolation was: redaction runs
-                // before resolution (decisions §3), so the sender never wrote this `<`.
+                // The marker is where a credential was (a credential-named interpolation, a
+                // URL's password): redaction runs before resolution (decisions §3), so the
+                // sender never wrote this `<` (hostile review 53, F6: a URL default was told
+                // only of a credential-named interpolation it did not hold).
                 let hint = if self.text[self.pos..].starts_with(super::tables::REDACTED) {
                     format!(
-                        "{} stands for a credential-named interpolation, redacted before anything \
-                         resolves; quote the argument that holds it",
+                        "{} stands for a credential (a credential-named interpolation, or a URL's \
+                         password) redacted before anything resolves; quote the argument that \
+                         holds it",
                         super::tables::REDACTED
                     )
                 } else {

@@ -931,7 +931,7 @@ fn the_interpolation_subset_resolves_like_omegaconf_and_refuses_the_rest() {
 /// wrote (the marker left where a credential-named interpolation was redacted) is explained.
 #[test]
 fn interpolation_refusals_name_keys_and_text_as_the_sender_wrote_them() {
-    let cases: [(&str, Value, Value, &str, &str); 4] = [
+    let cases: [(&str, Value, Value, &str, &str); 5] = [
         (
             "a relative reference in config to a missing key",
             set(base_config(), "extra", json!("${.missing}")),
@@ -954,8 +954,19 @@ fn interpolation_refusals_name_keys_and_text_as_the_sender_wrote_them() {
                 &format!("{JUDGE}.bad"),
                 json!("${oc.env:PLAIN,${oc.env:API_KEY}}"),
             ),
-            "stands for a credential-named interpolation",
+            "stands for a credential (a credential-named interpolation, or a URL's password)",
             "API_KEY}",
+        ),
+        (
+            "a URL with a password as an unquoted default",
+            set(
+                base_config(),
+                "extra",
+                json!("${oc.env:NOPE,http://u:DEFSECRET7@h/}"),
+            ),
+            base_global(),
+            "or a URL's password) redacted before anything resolves; quote the argument",
+            "DEFSECRET7",
         ),
         (
             "a character the sender wrote unquoted",
@@ -966,7 +977,7 @@ fn interpolation_refusals_name_keys_and_text_as_the_sender_wrote_them() {
                 json!("${oc.env:A,a<b}"),
             ),
             "quote the argument",
-            "stands for a credential-named",
+            "stands for a credential",
         ),
     ];
     for (case, config, global, named, never) in cases {
