@@ -129,10 +129,7 @@ pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
         "identity": identity.identity,
     });
     if let Some(against) = &args.against {
-        let saved: Value = serde_json::from_slice(
-            &std::fs::read(against)
-                .with_context(|| format!("cannot read {}", against.display()))?,
-        )?;
+        let saved = read_saved_identity(against)?;
         let policy = args.policy.policy();
         let keys = differing_keys(&saved, &identity.identity);
         let drift = policy.classify_all(&keys);
@@ -145,6 +142,27 @@ pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
     }
     println!("{}", serde_json::to_string_pretty(&report)?);
     Ok(0)
+}
+
+/// A saved identity file (`<stem>_manifest_identity.json`): a JSON object holding `collection`
+/// and `servers`, as every identity does. Anything else is refused naming the file, never
+/// compared (hostile review 53, F9: `/etc/passwd` failed with a parse error naming no file, and
+/// a bundle given instead was answered with drift on `config` and `global_config`).
+fn read_saved_identity(path: &std::path::Path) -> anyhow::Result<Value> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let saved: Value = serde_json::from_slice(&bytes)
+        .with_context(|| format!("--against {}: not JSON", path.display()))?;
+    let is_identity = saved
+        .as_object()
+        .is_some_and(|o| o.contains_key("collection") && o.contains_key("servers"));
+    if !is_identity {
+        anyhow::bail!(
+            "--against {}: not a saved identity (a JSON object holding \"collection\" and \"servers\", \
+             as the file <stem>_manifest_identity.json beside a manifest does)",
+            path.display()
+        );
+    }
+    Ok(saved)
 }
 
 #[derive(Debug, Args)]

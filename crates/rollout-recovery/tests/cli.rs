@@ -1648,6 +1648,28 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         report["against"]["semantic"][0]["key"],
         "collection.responses_create_params.temperature"
     );
+    // What is no saved identity (not JSON; a bundle given by mistake) is refused naming the
+    // file, never compared (hostile review 53, F9).
+    let not_json = dir.path().join("passwd");
+    std::fs::write(&not_json, "root:x:0:0:root:/root:/bin/bash\n").expect("file");
+    for (wrong, says) in [(&not_json, "not JSON"), (&hotter, "not a saved identity")] {
+        let refused = Command::new(BIN)
+            .args(["identity", "--bundle"])
+            .arg(&hotter)
+            .arg("--materialized")
+            .arg(&paths.materialized)
+            .arg("--against")
+            .arg(wrong)
+            .output()
+            .expect("identity");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(&format!("--against {}: {says}", wrong.display())),
+            "{stderr}"
+        );
+        assert!(refused.stdout.is_empty());
+    }
     // The operator's policy reaches the offline tools as it reaches `serve` (one set of flags
     // and variables): a key declared operational resumes offline too.
     let declared = Command::new(BIN)
