@@ -505,11 +505,12 @@ pub fn page_limit(limit: Option<u32>, default: u32) -> ApiResult<u32> {
 pub fn keyset_page<T>(
     mut rows: Vec<T>,
     limit: u32,
+    list: crate::routes::query::CursorList,
     cursor_of: impl Fn(&T) -> recovery_store::Cursor,
 ) -> (Vec<T>, Option<String>) {
     let more = rows.len() > limit as usize;
     rows.truncate(limit as usize);
-    let next = more.then(|| rows.last().map(|last| cursor_of(last).encode()));
+    let next = more.then(|| rows.last().map(|last| list.encode(&cursor_of(last))));
     (rows, next.flatten())
 }
 

@@ -76,7 +76,9 @@ impl AuditParams {
             before: self
                 .cursor
                 .as_deref()
-                .map(crate::routes::query::time_cursor)
+                .map(|text| {
+                    crate::routes::query::time_cursor(crate::routes::query::CursorList::Audit, text)
+                })
                 .transpose()?,
             limit: crate::error::page_limit(self.limit, 100)?,
         })
@@ -97,7 +99,8 @@ pub async fn audit(
     // One more than the page: a cursor is given only when another entry follows.
     filter.limit += 1;
     let entries = state.registry.store().query_audit(&filter).await?;
-    let (entries, next_cursor) = crate::error::keyset_page(entries, limit, |last| Cursor {
+    let list = crate::routes::query::CursorList::Audit;
+    let (entries, next_cursor) = crate::error::keyset_page(entries, limit, list, |last| Cursor {
         at: last.at.clone(),
         id: last.audit_id.clone(),
     });

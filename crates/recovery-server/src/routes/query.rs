@@ -177,11 +177,46 @@ fn not_a_cursor(detail: &str) -> ApiError {
     )
 }
 
-/// A `(time, id)` cursor as this service writes them. Its time is in the stored form: a
-/// cursor whose `+`/`:` a client did not encode is refused, never read as another place (which
-/// repeated a page). Its id is an event's or audit entry's: lowercase hex digits.
-pub fn time_cursor(text: &str) -> ApiResult<Cursor> {
-    Cursor::decode(text)
+/// The lists a `(time, id)` cursor pages. A cursor starts with its list's name
+/// (`audit|<time>|<id>`), so one list's cursor given to another is refused naming `cursor`,
+/// never read as a place in it (hostile review 53, F7: `/audit` answered an empty page for a
+/// drift cursor, `/runs` a page from somewhere for an audit one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorList {
+    Runs,
+    Validations,
+    Audit,
+    Drift,
+}
+
+impl CursorList {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Runs => "runs",
+            Self::Validations => "validations",
+            Self::Audit => "audit",
+            Self::Drift => "drift",
+        }
+    }
+
+    /// The cursor's text as this list hands it out.
+    pub fn encode(self, cursor: &Cursor) -> String {
+        format!("{}|{}", self.name(), cursor.encode())
+    }
+
+    /// A cursor this list handed out; `None` for any other text (another list's included).
+    pub fn decode(self, text: &str) -> Option<Cursor> {
+        text.strip_prefix(self.name())?
+            .strip_prefix('|')
+            .and_then(Cursor::decode)
+    }
+}
+
+/// A `(time, id)` cursor as this service writes them for `list`. Its time is in the stored
+/// form: a cursor whose `+`/`:` a client did not encode is refused, never read as another place
+/// (which repeated a page). Its id is an event's or audit entry's: lowercase hex digits.
+pub fn time_cursor(list: CursorList, text: &str) -> ApiResult<Cursor> {
+    list.decode(text)
         .filter(|c| recovery_sidecar::normalize_rfc3339(&c.at).is_ok_and(|at| at == c.at))
         .filter(|c| {
             c.id.len() <= 64 && c.id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
@@ -196,7 +231,7 @@ fn drift_time_cursor(text: &str) -> ApiResult<Cursor> {
             " for order=time or order=newest (pass order=recorded with it)",
         ));
     }
-    time_cursor(text)
+    time_cursor(CursorList::Drift, text)
 }
 
 /// An RFC 3339 bound in the stored form (rounded up to the microsecond the stored times have:
@@ -286,8 +321,13 @@ async fn drift_page(
     };
     let page = state.registry.store().query_drift_rendered(&filter).await?;
     // The events are the database's JSON text, passed through ([`DriftPage`]'s shape).
-    let next_cursor = serde_json::to_string(&page.next.as_ref().map(|cursor| cursor.encode()))
-        .map_err(|e| ApiError::internal("serialising the answer", e))?;
+    let next_cursor = serde_json::to_string(
+        &page
+            .next
+            .as_ref()
+            .map(|cursor| CursorList::Drift.encode(cursor)),
+    )
+    .map_err(|e| ApiError::internal("serialising the answer", e))?;
     // Built once per kept page: a dashboard's repeated page is sent without a copy.
     let body = page.answer.get_or_init(|| {
         format!(

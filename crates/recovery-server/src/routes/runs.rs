@@ -5,6 +5,7 @@ use crate::error::{
     ApiError, ApiErrorBody, ApiJson, ApiJsonBytes, ApiQuery, ApiResult, ErrorCode, lease_holder,
     mismatch_details, parse_shallow_json_body,
 };
+use crate::routes::query::CursorList;
 use crate::state::AppState;
 use axum::Json;
 use axum::extract::{Path, State};
@@ -630,7 +631,7 @@ pub async fn list_runs(
         }));
     }
     let cursor = match params.cursor.as_deref() {
-        Some(text) => Some(Cursor::decode(text).ok_or_else(|| {
+        Some(text) => Some(CursorList::Runs.decode(text).ok_or_else(|| {
             ApiError::invalid_field("cursor", "cursor: not a cursor this service issued")
         })?),
         None => None,
@@ -644,10 +645,11 @@ pub async fn list_runs(
     if state.readopt_restored(&runs).await? {
         runs = store.list_runs(limit + 1, cursor.as_ref()).await?;
     }
-    let (runs, next_cursor) = crate::error::keyset_page(runs, limit, |r| Cursor {
-        at: r.created_at.clone(),
-        id: r.run_id.clone(),
-    });
+    let (runs, next_cursor) =
+        crate::error::keyset_page(runs, limit, CursorList::Runs, |r| Cursor {
+            at: r.created_at.clone(),
+            id: r.run_id.clone(),
+        });
     Ok(Json(RunList { runs, next_cursor }))
 }
 
@@ -766,7 +768,7 @@ pub async fn list_validations(
     let before = params
         .cursor
         .as_deref()
-        .map(crate::routes::query::time_cursor)
+        .map(|text| crate::routes::query::time_cursor(CursorList::Validations, text))
         .transpose()?;
     // A superseded run is history too: its validations stay readable after a replacement.
     state.known_run(&run_id).await?;
@@ -776,10 +778,11 @@ pub async fn list_validations(
         .store()
         .page_resume_events(&run_id, before.as_ref(), limit + 1)
         .await?;
-    let (validations, next_cursor) = crate::error::keyset_page(validations, limit, |last| Cursor {
-        at: last.at.clone(),
-        id: last.event_id.clone(),
-    });
+    let (validations, next_cursor) =
+        crate::error::keyset_page(validations, limit, CursorList::Validations, |last| Cursor {
+            at: last.at.clone(),
+            id: last.event_id.clone(),
+        });
     Ok(Json(ValidationPage {
         validations,
         next_cursor,

@@ -254,7 +254,7 @@ async fn runs(
     let cursor = query
         .cursor
         .as_deref()
-        .and_then(recovery_store::Cursor::decode);
+        .and_then(|text| crate::routes::query::CursorList::Runs.decode(text));
     let store = state.registry.store();
     let list = || async {
         match search {
@@ -283,11 +283,10 @@ async fn runs(
         .then(|| {
             records.truncate(RUNS_PAGE as usize);
             records.last().map(|r| {
-                recovery_store::Cursor {
+                crate::routes::query::CursorList::Runs.encode(&recovery_store::Cursor {
                     at: r.created_at.clone(),
                     id: r.run_id.clone(),
-                }
-                .encode()
+                })
             })
         })
         .flatten();

@@ -1302,8 +1302,8 @@ async fn the_audit_log_pages_newest_first_to_its_oldest_entry() {
 async fn a_garbled_cursor_is_refused() {
     let app = TestApp::new().await;
     for cursor in [
-        "2026-11-29T10:00:00.000000Z%7Cabc",
-        "2026-11-29T10%3A00%3A00.000000Z%7Cabc",
+        "drift%7C2026-11-29T10:00:00.000000Z%7Cabc",
+        "drift%7C2026-11-29T10%3A00%3A00.000000Z%7Cabc",
     ] {
         let reply = app
             .call(
@@ -1316,10 +1316,14 @@ async fn a_garbled_cursor_is_refused() {
         assert_eq!(reply.status, StatusCode::OK, "{cursor}: {}", reply.body);
     }
     for cursor in [
-        "2026-11-29T10:00:00 00:00%7Cabc",
-        "2026-11-29T10:00:00+00:00%7Cabc",
+        "drift%7C2026-11-29T10:00:00 00:00%7Cabc",
+        "drift%7C2026-11-29T10:00:00+00:00%7Cabc",
+        "drift%7Cx%7Cy",
         "x%7Cy",
         "garbage",
+        // Without the list's name (another list's, or one from before cursors carried it).
+        "2026-11-29T10:00:00.000000Z%7Cabc",
+        "audit%7C2026-11-29T10:00:00.000000Z%7Cabc",
     ] {
         let uri = format!(
             "/drift?cursor={}",
@@ -1328,6 +1332,63 @@ async fn a_garbled_cursor_is_refused() {
         let reply = app.call(Method::GET, &uri, Some(VIEWER), None).await;
         assert_invalid_naming(&reply, "cursor", &uri);
         assert_eq!(reply.body["details"]["field"], "cursor", "{uri}");
+    }
+}
+
+/// A cursor one list handed out is refused by every other list naming `cursor`, never read as
+/// a place in it (hostile review 53, F7: `/audit` answered an empty page for a drift cursor and
+/// `/runs` a page from somewhere for an audit one); each list takes its own.
+#[tokio::test]
+async fn a_cursor_of_one_list_is_refused_by_the_others() {
+    let app = TestApp::new().await;
+    let mut run_id = String::new();
+    for port in 0..3 {
+        let mut body = app.create_body();
+        body["output_path"] = json!(app.root.join(format!("e{port}/out.jsonl")));
+        let created = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(created.status, StatusCode::CREATED, "{}", created.body);
+        run_id = created.body["run_id"].as_str().expect("id").to_owned();
+        for second in 0..2 {
+            let drifted = app
+                .call(
+                    Method::POST,
+                    &format!("/runs/{run_id}/validate"),
+                    Some(COLLECTOR),
+                    Some(app.validate_body(0.3, 9000 + 2 * port + second)),
+                )
+                .await;
+            assert_eq!(drifted.status, StatusCode::OK, "{}", drifted.body);
+        }
+    }
+    let lists = [
+        "/runs?limit=1".to_owned(),
+        "/drift?limit=1".to_owned(),
+        "/audit?limit=1".to_owned(),
+        format!("/runs/{run_id}/validations?limit=1"),
+    ];
+    let mut cursors = Vec::new();
+    for list in &lists {
+        let page = app.call(Method::GET, list, Some(OPERATOR), None).await;
+        let cursor = page.body["next_cursor"].as_str().unwrap_or_default();
+        assert!(!cursor.is_empty(), "{list}: {}", page.body);
+        cursors.push(cursor.to_owned());
+    }
+    for (i, list) in lists.iter().enumerate() {
+        for (j, cursor) in cursors.iter().enumerate() {
+            let encoded = cursor
+                .replace(':', "%3A")
+                .replace('|', "%7C")
+                .replace('+', "%2B");
+            let uri = format!("{list}&cursor={encoded}");
+            let reply = app.call(Method::GET, &uri, Some(OPERATOR), None).await;
+            if i == j {
+                assert_eq!(reply.status, StatusCode::OK, "{uri}: {}", reply.body);
+            } else {
+                assert_invalid_naming(&reply, "cursor", &uri);
+            }
+        }
     }
 }
 
