@@ -734,15 +734,16 @@ impl Registry {
         for (manifest_path, set_aside) in chains {
             let paths = SidecarPaths::for_output(&output_for_manifest(&manifest_path));
             let _rows = self.locks.lock_rows(&paths).await?;
+            // Run ids only (a manifest of 100k rollouts takes tens of ms to read whole, and
+            // every reindex passes here): a set-aside manifest is read whole once, when its run
+            // is recorded.
             let read = blocking(move || {
                 let run_of = |path: &Path| {
                     recovery_sidecar::read_regular(path)
-                        .map_err(|e| e.to_string())
-                        .and_then(|bytes| {
-                            RunManifest::from_json_bytes(&bytes).map_err(|e| e.to_string())
-                        })
+                        .ok()
+                        .and_then(|bytes| RunManifest::run_id_of(&bytes))
                 };
-                let live = run_of(&manifest_path).ok().map(|m| m.run_id);
+                let live = run_of(&manifest_path);
                 let runs: Vec<_> = set_aside
                     .into_iter()
                     .map(|SetAside { path, suffix, .. }| {
@@ -754,59 +755,78 @@ impl Registry {
             })
             .await?;
             let (live, runs) = read;
-            let now = self.clock.now_text();
-            for (i, (path, suffix, run)) in runs.iter().enumerate() {
-                let manifest = match run {
-                    Ok(manifest) if usable_run_id(&manifest.run_id).is_ok() => manifest,
-                    Ok(_) => continue,
-                    Err(why) => {
-                        report
-                            .unreadable
-                            .push((path.display().to_string(), why.clone()));
-                        continue;
-                    }
+            for (i, (path, suffix, run_id)) in runs.iter().enumerate() {
+                let Some(run_id) = run_id.as_ref().filter(|id| usable_run_id(id).is_ok()) else {
+                    report.unreadable.push((
+                        path.display().to_string(),
+                        "a set-aside manifest that names no run the service can name".into(),
+                    ));
+                    continue;
                 };
                 let successor = runs[i + 1..]
                     .iter()
-                    .find_map(|(_, _, run)| run.as_ref().ok().map(|m| m.run_id.clone()))
+                    .find_map(|(_, _, run)| run.clone())
                     .or_else(|| live.clone())
-                    .filter(|successor| *successor != manifest.run_id);
+                    .filter(|successor| successor != run_id);
                 let Some(successor) = successor else {
                     continue;
                 };
-                match self.store.get_run(&manifest.run_id).await? {
+                match self.store.get_run(run_id).await? {
                     Some(known) if known.superseded_by.is_none() => continue,
                     Some(_) => {}
                     None => {
-                        let materialized =
-                            PathBuf::from(format!("{}{suffix}", paths.materialized.display()));
-                        let created = self.created_time_of(materialized).await?;
-                        let record = run_record(manifest, &paths.output, &created, &now);
+                        let record = match self.set_aside_record(path, suffix, &paths).await? {
+                            Ok(record) => record,
+                            Err(why) => {
+                                report.unreadable.push((path.display().to_string(), why));
+                                continue;
+                            }
+                        };
                         if self
                             .store
                             .insert_superseded_run(&record, &successor)
                             .await?
                         {
                             report.runs += 1;
-                            report
-                                .superseded
-                                .push((manifest.run_id.clone(), successor.clone()));
+                            report.superseded.push((run_id.clone(), successor.clone()));
                         }
                     }
                 }
                 let journal = PathBuf::from(format!("{}{suffix}", paths.resume_drift.display()));
-                self.reindex_drift(&manifest.run_id, &journal, report)
-                    .await?;
+                self.reindex_drift(run_id, &journal, report).await?;
             }
         }
         Ok(())
     }
 
-    /// When a run the database does not know was created, as its files tell: the modification
-    /// time of its materialized inputs (written when the run is created, never again), else
-    /// now (no such file, or a time in the future: a clock set wrong). A database rebuilt from
-    /// the files gave every run the rebuild's time, so "newest first" listed them in the order
-    /// of the directory scan (hostile review 53, F5).
+    /// The record of a run whose manifest a replacement set aside at `path` (with `suffix`),
+    /// read whole; why not, when the manifest is unreadable.
+    async fn set_aside_record(
+        &self,
+        path: &Path,
+        suffix: &str,
+        paths: &SidecarPaths,
+    ) -> Result<Result<RunRecord, String>, RegistryError> {
+        let path = path.to_owned();
+        let manifest = blocking(move || {
+            Ok(recovery_sidecar::read_regular(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| RunManifest::from_json_bytes(&bytes).map_err(|e| e.to_string())))
+        })
+        .await?;
+        let manifest = match manifest {
+            Ok(manifest) => manifest,
+            Err(why) => return Ok(Err(why)),
+        };
+        let materialized = PathBuf::from(format!("{}{suffix}", paths.materialized.display()));
+        let created = self.created_time_of(materialized).await?;
+        let now = self.clock.now_text();
+        Ok(Ok(run_record(&manifest, &paths.output, &created, &now)))
+    }
+
+    /// When a replaced run was created, as its set-aside files tell: the modification time of
+    /// its materialized inputs (written when the run was created, never again), else now (no
+    /// such file, or a time in the future: a clock set wrong).
     async fn created_time_of(&self, materialized: PathBuf) -> Result<String, RegistryError> {
         let now = self.clock.now();
         let written = blocking(move || {
@@ -1227,10 +1247,9 @@ impl Registry {
         if existing.is_none() {
             report.runs += 1;
         }
-        let created = match &existing {
-            Some(known) => known.created_at.clone(),
-            None => self.created_time_of(paths.materialized.clone()).await?,
-        };
+        let created = existing
+            .as_ref()
+            .map_or_else(|| now.clone(), |e| e.created_at.clone());
         let output = existing
             .map(|e| PathBuf::from(e.output_path))
             .filter(|recorded| SidecarPaths::for_output(recorded).manifest == manifest_path)

@@ -1381,44 +1381,6 @@ async fn a_replacement_a_crash_interrupted_is_undone_or_completed_at_the_next_st
     }
 }
 
-/// A run the database does not know (a rebuild from the files, a Python collector's run) is
-/// recorded as created when its materialized inputs were written, not when it was indexed, so
-/// "newest first" still means it after a rebuild (hostile review 53, F5); inputs dated in the
-/// future (a clock set wrong) or missing give the time of indexing.
-#[tokio::test]
-async fn a_run_found_on_disk_is_recorded_as_created_when_its_inputs_were_written() {
-    let day = Duration::from_secs(86_400);
-    let now = std::time::SystemTime::now();
-    for (case, written, expect_written) in [
-        ("inputs written a day ago", Some(now - day), true),
-        ("inputs dated tomorrow", Some(now + day), false),
-        ("no inputs", None, false),
-    ] {
-        let root = tempfile::tempdir().expect("root");
-        let (store, registry) = sqlite_registry(root.path()).await;
-        let (paths, manifest) = manifest_on_disk(&registry, root.path(), "ef");
-        if let Some(written) = written {
-            let file = std::fs::File::create(&paths.materialized).expect("inputs");
-            file.set_modified(written).expect("set the time");
-        }
-        let before = recovery_sidecar::format_rfc3339(time::OffsetDateTime::now_utc());
-        registry.reindex().await.expect("reindex");
-        let record = store
-            .get_run(&manifest.run_id)
-            .await
-            .expect("store")
-            .expect("recorded");
-        match written.filter(|_| expect_written) {
-            Some(written) => assert_eq!(
-                record.created_at,
-                recovery_sidecar::format_rfc3339(time::OffsetDateTime::from(written)),
-                "{case}"
-            ),
-            None => assert!(record.created_at >= before, "{case}: {}", record.created_at),
-        }
-    }
-}
-
 #[tokio::test]
 async fn a_reindex_reads_an_append_only_journal_from_where_the_last_one_stopped() {
     let root = tempfile::tempdir().expect("root");
