@@ -620,7 +620,15 @@ fn refresh<T>(
             extension,
         },
         approvals,
-        summary: Some((&indexed.summary, inputs)),
+        // A file read up to an unterminated final line may hold an outcome the index took from
+        // that line while its mark stayed before it: the marks no longer tell what the index
+        // holds, so the summary is counted afresh (hostile review 54, N1: a complete line
+        // appended without its line end showed in the entries but not in the counts).
+        summary: measured
+            .iter()
+            .zip(&indexed.marks)
+            .all(|(file, mark)| file.size <= mark.read.offset)
+            .then_some((&indexed.summary, inputs)),
         outcome_files: &measured,
         read_to: [indexed.marks[0].read, indexed.marks[1].read],
     };
