@@ -782,14 +782,26 @@ impl Registry {
                                 continue;
                             }
                         };
-                        if self
+                        if !self
                             .store
                             .insert_superseded_run(&record, &successor)
                             .await?
                         {
-                            report.runs += 1;
-                            report.superseded.push((run_id.clone(), successor.clone()));
+                            // Another run holds its place (recorded as superseded by the same
+                            // successor while this manifest could not be read): its drift is
+                            // not indexed under a run the database does not have (hostile
+                            // review 54, N2).
+                            report.unreadable.push((
+                                path.display().to_string(),
+                                format!(
+                                    "run {run_id}: another run is recorded as replaced by {successor}; \
+                                     rebuild the database from the files to record both"
+                                ),
+                            ));
+                            continue;
                         }
+                        report.runs += 1;
+                        report.superseded.push((run_id.clone(), successor.clone()));
                     }
                 }
                 let journal = PathBuf::from(format!("{}{suffix}", paths.resume_drift.display()));

@@ -2351,6 +2351,90 @@ async fn a_database_rebuilt_from_the_files_keeps_replaced_runs_and_their_drift_h
     assert_eq!(after.body["events"], before.body["events"]);
 }
 
+/// A replaced run whose set-aside manifest could not be read during a rebuild, restored later,
+/// finds its place in the chain taken (the run before it is recorded as replaced by its
+/// successor): a reindex reports it and indexes none of its drift, never events of a run the
+/// database does not have (hostile review 54, N2: `/drift?run_id=` listed them while
+/// `/runs/{id}` answered 404).
+#[tokio::test]
+async fn a_set_aside_run_restored_after_a_rebuild_leaves_no_drift_without_its_run() {
+    let app = TestApp::new().await;
+    let mut runs = vec![app.create().await];
+    for _ in 0..2 {
+        let mut body = app.create_body();
+        body["replace"] = json!(true);
+        let replaced = app
+            .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
+            .await;
+        assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+        runs.push(replaced.body["run_id"].as_str().expect("id").to_owned());
+    }
+    // The middle run's set-aside manifest, and a drift line in its set-aside journal.
+    let directory = app.output().parent().expect("dir").to_owned();
+    let mut set_aside: Vec<PathBuf> = std::fs::read_dir(&directory)
+        .expect("dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                n.to_string_lossy()
+                    .starts_with("out_manifest.json.replaced-")
+            })
+        })
+        .collect();
+    set_aside.sort();
+    let middle = set_aside
+        .iter()
+        .find(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains(&runs[1])))
+        .expect("the middle run's set-aside manifest")
+        .clone();
+    let suffix = middle
+        .to_string_lossy()
+        .rsplit_once("out_manifest.json")
+        .expect("suffix")
+        .1
+        .to_owned();
+    let journal = PathBuf::from(format!(
+        "{}{suffix}",
+        recovery_sidecar::SidecarPaths::for_output(&app.output())
+            .resume_drift
+            .display()
+    ));
+    let line = json!({"at": "2026-11-29T10:00:00.000000Z", "run_id": runs[1],
+        "saved_config_digest": "c", "current_config_digest": "d", "operational_keys": ["a.port"]});
+    recovery_sidecar::append_line(&journal, line.to_string().as_bytes()).expect("append");
+    let good = std::fs::read(&middle).expect("manifest");
+    std::fs::write(&middle, b"{ not a manifest").expect("corrupt");
+
+    let fresh = tempfile::tempdir().expect("dir");
+    let mut config = app.config.clone();
+    config.data_dir = fresh.path().join("data");
+    let rebuilt = recovery_server::start(config, app.clock.clone())
+        .await
+        .expect("a service on a new database");
+    std::fs::write(&middle, good).expect("restore");
+    let report = send(
+        rebuilt.clone(),
+        Method::POST,
+        "/reindex",
+        Some(OPERATOR),
+        None,
+    )
+    .await;
+    assert_eq!(report.status, StatusCode::OK, "{}", report.body);
+    assert_eq!(report.body["drift_inserted"], 0, "{}", report.body);
+    let reported = report.body["unreadable"].to_string();
+    assert!(reported.contains(&runs[1]), "{reported}");
+    let drift = send(
+        rebuilt.clone(),
+        Method::GET,
+        &format!("/drift?run_id={}", runs[1]),
+        Some(VIEWER),
+        None,
+    )
+    .await;
+    assert_eq!(drift.body["events"], json!([]), "{}", drift.body);
+}
+
 #[tokio::test]
 async fn settings_that_refuse_everything_or_confuse_callers_stop_the_start() {
     for (what, adjust) in [
