@@ -1009,9 +1009,15 @@ impl Registry {
             .unwrap_or_default();
         // Names the service finds runs by (every start and reindex reads them as a manifest or
         // a replacement under way): an output so named would be reported unreadable forever.
+        // A set-aside manifest (`*_manifest.json.replaced-<time>`) too: every reindex reads
+        // those as replaced runs (hostile review 54, N3).
         if let Some(suffix) = ["_manifest.json", "_replace_intent.json"]
             .into_iter()
             .find(|suffix| name.ends_with(suffix))
+            .or_else(|| {
+                name.contains("_manifest.json.replaced-")
+                    .then_some("_manifest.json.replaced-<time>")
+            })
         {
             return refuse(format!(
                 "is named as a run's {suffix} file, which the service reads as one: give the output another name"

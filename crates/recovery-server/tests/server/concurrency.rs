@@ -1274,6 +1274,12 @@ async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_
             "_manifest.json",
         ),
         (
+            "an output named as a set-aside manifest",
+            json!(app.root.join("lone/y_manifest.json.replaced-1700000000")),
+            rows(),
+            "_manifest.json.replaced-",
+        ),
+        (
             "an output whose companion is another run's output",
             json!(app.root.join("other/c.jsonl")),
             rows(),
