@@ -703,9 +703,9 @@ impl Registry {
     /// A reindex that merges the drift journals of up to `merged` runs at once (on SQLite).
     async fn reindex_merging(&self, merged: usize) -> Result<ReindexReport, RegistryError> {
         let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
-        let manifests = blocking(move || Ok(find_manifests(&roots))).await?;
+        let found = blocking(move || Ok(find_manifests(&roots))).await?;
         let mut report = ReindexReport::default();
-        for group in self.reindex_groups(manifests, merged).await? {
+        for group in self.reindex_groups(found.in_place, merged).await? {
             let group = group.as_slice();
             let _rows = self.lock_rows_of(group).await?;
             let mut journals = Vec::new();
@@ -717,7 +717,7 @@ impl Registry {
             }
             self.reindex_drift_merged(journals, &mut report).await?;
         }
-        self.reindex_replaced(&mut report).await?;
+        self.reindex_replaced(found.set_aside, &mut report).await?;
         Ok(report)
     }
 
@@ -728,9 +728,11 @@ impl Registry {
     /// keeps the replaced runs and their history (hostile review 52, F2: they were gone). A run
     /// the database knows as current is another output's (a copy) and is left alone; lines
     /// already indexed keep their ids (derived from run, journal kind, offset and bytes).
-    async fn reindex_replaced(&self, report: &mut ReindexReport) -> Result<(), RegistryError> {
-        let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
-        let chains = blocking(move || Ok(find_replaced_manifests(&roots))).await?;
+    async fn reindex_replaced(
+        &self,
+        chains: std::collections::BTreeMap<PathBuf, Vec<SetAside>>,
+        report: &mut ReindexReport,
+    ) -> Result<(), RegistryError> {
         for (manifest_path, set_aside) in chains {
             let paths = SidecarPaths::for_output(&output_for_manifest(&manifest_path));
             let _rows = self.locks.lock_rows(&paths).await?;
@@ -812,7 +814,9 @@ impl Registry {
     }
 
     /// The record of a run whose manifest a replacement set aside at `path` (with `suffix`),
-    /// read whole; why not, when the manifest is unreadable.
+    /// read whole, created when its set-aside materialized inputs were written (they are
+    /// written when a run is created, never again; now when they are gone or dated in the
+    /// future, a clock set wrong); why not, when the manifest is unreadable.
     async fn set_aside_record(
         &self,
         path: &Path,
@@ -820,38 +824,32 @@ impl Registry {
         paths: &SidecarPaths,
     ) -> Result<Result<RunRecord, String>, RegistryError> {
         let path = path.to_owned();
-        let manifest = blocking(move || {
-            Ok(recovery_sidecar::read_regular(&path)
+        let materialized = PathBuf::from(format!("{}{suffix}", paths.materialized.display()));
+        let (manifest, written) = blocking(move || {
+            let manifest = recovery_sidecar::read_regular(&path)
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| RunManifest::from_json_bytes(&bytes).map_err(|e| e.to_string())))
+                .and_then(|bytes| RunManifest::from_json_bytes(&bytes).map_err(|e| e.to_string()));
+            let written = std::fs::symlink_metadata(&materialized)
+                .and_then(|m| m.modified())
+                .ok();
+            Ok((manifest, written))
         })
         .await?;
         let manifest = match manifest {
             Ok(manifest) => manifest,
             Err(why) => return Ok(Err(why)),
         };
-        let materialized = PathBuf::from(format!("{}{suffix}", paths.materialized.display()));
-        let created = self.created_time_of(materialized).await?;
-        let now = self.clock.now_text();
-        Ok(Ok(run_record(&manifest, &paths.output, &created, &now)))
-    }
-
-    /// When a replaced run was created, as its set-aside files tell: the modification time of
-    /// its materialized inputs (written when the run was created, never again), else now (no
-    /// such file, or a time in the future: a clock set wrong).
-    async fn created_time_of(&self, materialized: PathBuf) -> Result<String, RegistryError> {
         let now = self.clock.now();
-        let written = blocking(move || {
-            Ok(std::fs::symlink_metadata(&materialized)
-                .and_then(|m| m.modified())
-                .ok())
-        })
-        .await?;
-        let written = written
+        let created = written
             .map(time::OffsetDateTime::from)
             .filter(|written| *written <= now)
             .unwrap_or(now);
-        Ok(recovery_sidecar::format_rfc3339(written))
+        Ok(Ok(run_record(
+            &manifest,
+            &paths.output,
+            &recovery_sidecar::format_rfc3339(created),
+            &recovery_sidecar::format_rfc3339(now),
+        )))
     }
 
     /// The manifests in the groups a reindex takes together (their rows locked at once): first
@@ -1785,28 +1783,6 @@ fn extension_record(run_id: &str, id: String, line: ExtensionLine) -> AttemptExt
     }
 }
 
-/// Every `*_manifest.json` under the roots (symlinks not followed, hidden temporaries skipped).
-fn find_manifests(roots: &[PathBuf]) -> Vec<PathBuf> {
-    let mut found = Vec::new();
-    for root in roots {
-        for entry in walkdir::WalkDir::new(root)
-            .follow_links(false)
-            .into_iter()
-            .filter_map(Result::ok)
-        {
-            let name = entry.file_name().to_string_lossy();
-            if entry.file_type().is_file()
-                && name.ends_with("_manifest.json")
-                && !name.starts_with('.')
-            {
-                found.push(entry.into_path());
-            }
-        }
-    }
-    found.sort();
-    found
-}
-
 /// A manifest an operator's replacement set aside: its order among its output's, its path and
 /// the suffix its files were given.
 struct SetAside {
@@ -1815,21 +1791,35 @@ struct SetAside {
     suffix: String,
 }
 
-/// Every manifest an operator's replacement set aside under the roots
-/// (`<stem>_manifest.json.replaced-<unix seconds>`, then `-2`, `-3`, ... as
-/// [`crate::operations`] names them), by the manifest path they were set aside from, each
-/// output's in the order they were set aside.
-fn find_replaced_manifests(
-    roots: &[PathBuf],
-) -> std::collections::BTreeMap<PathBuf, Vec<SetAside>> {
-    let mut found: std::collections::BTreeMap<PathBuf, Vec<SetAside>> = Default::default();
+/// The manifests under the roots (symlinks not followed, hidden temporaries skipped), in one
+/// walk: every `*_manifest.json` in place, sorted, and every one an operator's replacement set
+/// aside (`<stem>_manifest.json.replaced-<unix seconds>`, then `-2`, `-3`, ... as
+/// [`crate::operations`] names them) by the manifest path it was set aside from, each output's
+/// in the order they were set aside.
+struct FoundManifests {
+    in_place: Vec<PathBuf>,
+    set_aside: std::collections::BTreeMap<PathBuf, Vec<SetAside>>,
+}
+
+fn find_manifests(roots: &[PathBuf]) -> FoundManifests {
+    let mut found = FoundManifests {
+        in_place: Vec::new(),
+        set_aside: Default::default(),
+    };
     for root in roots {
         for entry in walkdir::WalkDir::new(root)
             .follow_links(false)
             .into_iter()
             .filter_map(Result::ok)
         {
-            let name = entry.file_name().to_string_lossy().into_owned();
+            let name = entry.file_name().to_string_lossy();
+            if !entry.file_type().is_file() || name.starts_with('.') {
+                continue;
+            }
+            if name.ends_with("_manifest.json") {
+                found.in_place.push(entry.into_path());
+                continue;
+            }
             let Some(at) = name.find("_manifest.json.replaced-") else {
                 continue;
             };
@@ -1837,20 +1827,20 @@ fn find_replaced_manifests(
             let Some(order) = replacement_order(suffix) else {
                 continue;
             };
-            if !entry.file_type().is_file() || base.starts_with('.') {
-                continue;
-            }
+            let set_aside = SetAside {
+                order,
+                path: entry.path().to_owned(),
+                suffix: suffix.to_owned(),
+            };
             found
+                .set_aside
                 .entry(entry.path().with_file_name(base))
                 .or_default()
-                .push(SetAside {
-                    order,
-                    path: entry.path().to_owned(),
-                    suffix: suffix.to_owned(),
-                });
+                .push(set_aside);
         }
     }
-    for set_aside in found.values_mut() {
+    found.in_place.sort();
+    for set_aside in found.set_aside.values_mut() {
         set_aside.sort_by_key(|s| s.order);
     }
     found
