@@ -1016,26 +1016,17 @@ impl Store {
         .bind(&run.run_id)
         .fetch_optional(&mut *transaction)
         .await?;
-        sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO runs (run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
              identity_overridden, max_rollout_attempts, created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (run_id) DO UPDATE SET output_path = excluded.output_path, source_digest = excluded.source_digest, \
              materialized_digest = excluded.materialized_digest, config_digest = excluded.config_digest, \
              legacy_import = excluded.legacy_import, identity_overridden = excluded.identity_overridden, \
              max_rollout_attempts = excluded.max_rollout_attempts, updated_at = excluded.updated_at, superseded_by = NULL",
-        )
-        .bind(&run.run_id)
-        .bind(&run.output_path)
-        .bind(&run.source_digest)
-        .bind(&run.materialized_digest)
-        .bind(&run.config_digest)
-        .bind(i64::from(run.legacy_import))
-        .bind(i64::from(run.identity_overridden))
-        .bind(run.max_rollout_attempts)
-        .bind(&run.created_at)
-        .bind(&run.updated_at)
-        .execute(&mut *transaction)
-        .await?;
+        );
+        Self::bind_run(insert, run, run.output_path.clone())
+            .execute(&mut *transaction)
+            .await?;
         transaction.commit().await?;
         Ok(previous)
     }
@@ -1049,28 +1040,41 @@ impl Store {
         run: &RunRecord,
         successor: &str,
     ) -> Result<bool, StoreError> {
-        let inserted = sqlx::query(
+        let insert = sqlx::query(
             "INSERT INTO runs (run_id, output_path, source_digest, materialized_digest, config_digest, legacy_import, \
              identity_overridden, max_rollout_attempts, created_at, updated_at, superseded_by) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING",
-        )
-        .bind(&run.run_id)
-        .bind(format!("{}#superseded-by-{successor}", run.output_path))
-        .bind(&run.source_digest)
-        .bind(&run.materialized_digest)
-        .bind(&run.config_digest)
-        .bind(i64::from(run.legacy_import))
-        .bind(i64::from(run.identity_overridden))
-        .bind(run.max_rollout_attempts)
-        .bind(&run.created_at)
-        .bind(&run.updated_at)
-        .bind(successor)
-        .execute(&self.pool)
-        .await?
-        .rows_affected()
+        );
+        let suffixed = format!("{}#superseded-by-{successor}", run.output_path);
+        let inserted = Self::bind_run(insert, run, suffixed)
+            .bind(successor)
+            .execute(&self.pool)
+            .await?
+            .rows_affected()
             > 0;
         self.owner.runs.forget(&run.run_id);
         Ok(inserted)
+    }
+
+    /// `query` with a run's ten columns bound in the order `runs` lists them
+    /// (`run_id` .. `updated_at`), its output path as `output_path` (a superseded run's is
+    /// suffixed).
+    fn bind_run<'q>(
+        query: sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>>,
+        run: &'q RunRecord,
+        output_path: String,
+    ) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+        query
+            .bind(&run.run_id)
+            .bind(output_path)
+            .bind(&run.source_digest)
+            .bind(&run.materialized_digest)
+            .bind(&run.config_digest)
+            .bind(i64::from(run.legacy_import))
+            .bind(i64::from(run.identity_overridden))
+            .bind(run.max_rollout_attempts)
+            .bind(&run.created_at)
+            .bind(&run.updated_at)
     }
 
     fn run_from_row(row: &AnyRow) -> Result<RunRecord, StoreError> {
