@@ -2210,12 +2210,7 @@ async fn a_replaced_runs_journal_lines_no_reindex_read_stay_in_its_history() {
         });
         recovery_sidecar::append_line(&journal, line.to_string().as_bytes()).expect("append");
     }
-    let mut body = app.create_body();
-    body["replace"] = json!(true);
-    let replaced = app
-        .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
-        .await;
-    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    replace_run(&app).await;
     let history = app
         .call(
             Method::GET,
@@ -2244,6 +2239,26 @@ async fn a_replaced_runs_journal_lines_no_reindex_read_stay_in_its_history() {
     assert_eq!(own.body["events"], history.body["events"]);
 }
 
+/// Replaces the app's run as an operator; the new run's id.
+async fn replace_run(app: &TestApp) -> String {
+    let mut body = app.create_body();
+    body["replace"] = json!(true);
+    let replaced = app
+        .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
+        .await;
+    assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
+    replaced.body["run_id"].as_str().expect("id").to_owned()
+}
+
+/// The app's configuration with a new, empty data directory (a database rebuilt from the files
+/// under the same roots), and that directory.
+fn on_a_new_database(app: &TestApp) -> (tempfile::TempDir, ServerConfig) {
+    let fresh = tempfile::tempdir().expect("dir");
+    let mut config = app.config.clone();
+    config.data_dir = fresh.path().join("data");
+    (fresh, config)
+}
+
 /// A database rebuilt from the files keeps the runs an operator replaced, each superseded by
 /// the run that replaced it, with the drift history of its set-aside journal and the same event
 /// ids (hostile review 52, F2: a rebuild read only the manifests in place, so replaced runs and
@@ -2267,13 +2282,7 @@ async fn a_database_rebuilt_from_the_files_keeps_replaced_runs_and_their_drift_h
     }
     let mut runs = vec![first];
     for _ in 0..2 {
-        let mut body = app.create_body();
-        body["replace"] = json!(true);
-        let replaced = app
-            .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
-            .await;
-        assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
-        runs.push(replaced.body["run_id"].as_str().expect("id").to_owned());
+        runs.push(replace_run(&app).await);
     }
     let history = |state| {
         let uri = format!("/drift?run_id={}", runs[0]);
@@ -2282,9 +2291,7 @@ async fn a_database_rebuilt_from_the_files_keeps_replaced_runs_and_their_drift_h
     let before = history(app.state.clone()).await;
     assert_eq!(before.body["events"].as_array().map(Vec::len), Some(3));
 
-    let fresh = tempfile::tempdir().expect("dir");
-    let mut config = app.config.clone();
-    config.data_dir = fresh.path().join("data");
+    let (_fresh, config) = on_a_new_database(&app);
     let rebuilt = recovery_server::start(config, app.clock.clone())
         .await
         .expect("a service on a new database");
@@ -2326,9 +2333,7 @@ async fn a_database_rebuilt_from_the_files_keeps_replaced_runs_and_their_drift_h
     assert_eq!(again.body["drift_inserted"], 0, "{}", again.body);
 
     // Four reindexes racing over another new database record each replaced run and line once.
-    let raced = tempfile::tempdir().expect("dir");
-    let mut config = app.config.clone();
-    config.data_dir = raced.path().join("data");
+    let (_raced, config) = on_a_new_database(&app);
     let opened = recovery_server::open(config, app.clock.clone())
         .await
         .expect("a service on another new database");
@@ -2361,13 +2366,7 @@ async fn a_set_aside_run_restored_after_a_rebuild_leaves_no_drift_without_its_ru
     let app = TestApp::new().await;
     let mut runs = vec![app.create().await];
     for _ in 0..2 {
-        let mut body = app.create_body();
-        body["replace"] = json!(true);
-        let replaced = app
-            .call(Method::POST, "/runs", Some(OPERATOR), Some(body))
-            .await;
-        assert_eq!(replaced.status, StatusCode::CREATED, "{}", replaced.body);
-        runs.push(replaced.body["run_id"].as_str().expect("id").to_owned());
+        runs.push(replace_run(&app).await);
     }
     // The middle run's set-aside manifest, and a drift line in its set-aside journal.
     let directory = app.output().parent().expect("dir").to_owned();
@@ -2405,9 +2404,7 @@ async fn a_set_aside_run_restored_after_a_rebuild_leaves_no_drift_without_its_ru
     let good = std::fs::read(&middle).expect("manifest");
     std::fs::write(&middle, b"{ not a manifest").expect("corrupt");
 
-    let fresh = tempfile::tempdir().expect("dir");
-    let mut config = app.config.clone();
-    config.data_dir = fresh.path().join("data");
+    let (_fresh, config) = on_a_new_database(&app);
     let rebuilt = recovery_server::start(config, app.clock.clone())
         .await
         .expect("a service on a new database");
