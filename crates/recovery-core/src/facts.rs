@@ -655,8 +655,8 @@ pub enum IndexField {
     Absent,
     /// An integer written in its canonical decimal form.
     Int(i64),
-    /// Anything else, as written.
-    Other(Value),
+    /// Anything else, as written (boxed: the rare case does not widen every row's facts).
+    Other(Box<Value>),
 }
 
 impl IndexField {
@@ -674,8 +674,12 @@ impl IndexField {
         match self {
             IndexField::Absent => None,
             IndexField::Int(i) => Some(Value::from(*i)),
-            IndexField::Other(value) => Some(value.clone()),
+            IndexField::Other(value) => Some(Value::clone(value)),
         }
+    }
+
+    fn other(value: Value) -> IndexField {
+        IndexField::Other(Box::new(value))
     }
 
     fn from_number_text(text: &str) -> IndexField {
@@ -687,8 +691,8 @@ impl IndexField {
             return IndexField::Int(i);
         }
         match serde_json::from_str::<Value>(text) {
-            Ok(value) => IndexField::Other(value),
-            Err(_) => IndexField::Other(Value::String(text.to_owned())),
+            Ok(value) => IndexField::Other(Box::new(value)),
+            Err(_) => IndexField::other(Value::String(text.to_owned())),
         }
     }
 }
@@ -703,7 +707,7 @@ impl<'de> Deserialize<'de> for IndexField {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<IndexField, A::Error> {
                 let Some(first) = map.next_key::<Key<'de>>()? else {
-                    return Ok(IndexField::Other(Value::Object(serde_json::Map::new())));
+                    return Ok(IndexField::other(Value::Object(serde_json::Map::new())));
                 };
                 if first.as_str() == NUMBER_TOKEN {
                     let text: NumberText = map.next_value()?;
@@ -714,35 +718,35 @@ impl<'de> Deserialize<'de> for IndexField {
                 while let Some((key, value)) = map.next_entry::<String, Value>()? {
                     object.insert(key, value);
                 }
-                Ok(IndexField::Other(Value::Object(object)))
+                Ok(IndexField::other(Value::Object(object)))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<IndexField, A::Error> {
                 let mut items = Vec::new();
                 while let Some(item) = seq.next_element::<Value>()? {
                     items.push(item);
                 }
-                Ok(IndexField::Other(Value::Array(items)))
+                Ok(IndexField::other(Value::Array(items)))
             }
             fn visit_bool<E: de::Error>(self, v: bool) -> Result<IndexField, E> {
-                Ok(IndexField::Other(Value::Bool(v)))
+                Ok(IndexField::other(Value::Bool(v)))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<IndexField, E> {
                 Ok(IndexField::Int(v))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<IndexField, E> {
-                Ok(i64::try_from(v).map_or(IndexField::Other(Value::from(v)), IndexField::Int))
+                Ok(i64::try_from(v).map_or(IndexField::other(Value::from(v)), IndexField::Int))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<IndexField, E> {
-                Ok(IndexField::Other(Value::from(v)))
+                Ok(IndexField::other(Value::from(v)))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<IndexField, E> {
-                Ok(IndexField::Other(Value::String(v.to_owned())))
+                Ok(IndexField::other(Value::String(v.to_owned())))
             }
             fn visit_unit<E: de::Error>(self) -> Result<IndexField, E> {
-                Ok(IndexField::Other(Value::Null))
+                Ok(IndexField::other(Value::Null))
             }
             fn visit_none<E: de::Error>(self) -> Result<IndexField, E> {
-                Ok(IndexField::Other(Value::Null))
+                Ok(IndexField::other(Value::Null))
             }
         }
         deserializer.deserialize_any(IndexVisitor)
@@ -794,8 +798,10 @@ impl<'de> Deserialize<'de> for AttemptField {
         Ok(match IndexField::deserialize(deserializer)? {
             IndexField::Int(i) => attempt(Some(i)),
             // `Value::as_i64` of a number text: "-0" is 0, "1.0" is not an integer.
-            IndexField::Other(Value::Number(n)) => attempt(n.as_i64()),
-            IndexField::Other(_) => AttemptField::Invalid,
+            IndexField::Other(value) => match *value {
+                Value::Number(n) => attempt(n.as_i64()),
+                _ => AttemptField::Invalid,
+            },
             IndexField::Absent => AttemptField::Absent,
         })
     }
@@ -804,8 +810,8 @@ impl<'de> Deserialize<'de> for AttemptField {
 /// The identity fields of a row: what its logical rollout id is made of.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct IdentityFacts {
-    /// `_ng_rollout_id` as written (absent: `None`).
-    pub rollout_id: Option<Value>,
+    /// `_ng_rollout_id` as written (absent: `None`; boxed, as rows seldom carry one).
+    pub rollout_id: Option<Box<Value>>,
     pub task_index: IndexField,
     pub rollout_index: IndexField,
 }
@@ -817,7 +823,7 @@ impl IdentityFacts {
         use crate::rows::RowError;
         use std::fmt::Write as _;
         buffer.clear();
-        match &self.rollout_id {
+        match self.rollout_id.as_deref() {
             None | Some(Value::Null) => {}
             Some(Value::String(id)) => {
                 crate::rows::check_explicit_id(id)?;
@@ -857,7 +863,9 @@ impl IdentityFacts {
         map: &mut A,
     ) -> Result<bool, A::Error> {
         match key {
-            crate::rows::ROLLOUT_ID_KEY => self.rollout_id = Some(map.next_value::<Value>()?),
+            crate::rows::ROLLOUT_ID_KEY => {
+                self.rollout_id = Some(Box::new(map.next_value::<Value>()?));
+            }
             crate::rows::TASK_INDEX_KEY => self.task_index = map.next_value()?,
             crate::rows::ROLLOUT_INDEX_KEY => self.rollout_index = map.next_value()?,
             _ => return Ok(false),

@@ -127,8 +127,10 @@ pub struct OutcomeRow {
     identity: IdentityFacts,
     attempt: AttemptField,
     run_id: Option<Option<String>>,
-    failure_class: Option<Value>,
-    failure_record: Option<Value>,
+    /// Boxed, as the two values below are: the row is kept per line until it is indexed, and
+    /// these rare or short fields would otherwise widen every one.
+    failure_class: Option<Box<Value>>,
+    failure_record: Option<Box<Value>>,
     failure_terminal: bool,
     invalid_judge_response: bool,
     migrated_invalid_judge: bool,
@@ -176,8 +178,8 @@ impl OutcomeRow {
             identity: row.identity,
             attempt: row.attempt,
             run_id: row.run_id,
-            failure_class: row.failure_class,
-            failure_record: row.failure_record,
+            failure_class: row.failure_class.map(Box::new),
+            failure_record: row.failure_record.map(Box::new),
             classified,
         }))
     }
@@ -188,7 +190,7 @@ impl OutcomeRow {
     /// any other value's JSON.
     fn failure_class(&self) -> Option<String> {
         self.failure_class
-            .as_ref()
+            .as_deref()
             .filter(|v| !v.is_null())
             .map(|v| match v {
                 Value::String(s) => s.clone(),
