@@ -1807,7 +1807,15 @@ fn parsed_configuration_field(
     let text = raw.get().as_bytes();
     recovery_core::canonical::check_depth_within(text, ResumeRequest::LEVELS_ABOVE)
         .and_then(|()| recovery_core::canonical::parse_json(text))
-        .map_err(|e| OpError::Invalid(format!("{field}: {e}")))
+        .map_err(|e| {
+            // A number with no canonical form is named by its key, as a create names it
+            // (hostile review 54: validate said `config: ... (byte 56)`). Only this refusal
+            // parses the text a second time.
+            let named = serde_json::from_slice::<Value>(text)
+                .ok()
+                .and_then(|value| refuse_numbers_without_canonical_form(field, &value).err());
+            named.unwrap_or_else(|| OpError::Invalid(format!("{field}: {e}")))
+        })
 }
 
 /// Length-prefixed parts, hashed: no two different sequences of parts share a key. BLAKE3, as

@@ -645,10 +645,11 @@ async fn a_create_with_a_repeated_rollout_id_is_refused_in_the_python_modules_wo
 
 /// A configuration holding a number its digest cannot be taken of (`1e999`, infinity to Python)
 /// is refused as the request's fault, naming the key, where the digest's refusal said
-/// `identity_error ... (byte 0)` (hostile review 53, F1); a key that is no plain name is quoted
-/// after the field. Nothing is written.
+/// `identity_error ... (byte 0)` (hostile review 53, F1) and a validate said `config: ...
+/// (byte 56)` (review 54); a key that is no plain name is quoted after the field. A create
+/// writes nothing; a validate leaves the run's files as they were.
 #[tokio::test]
-async fn a_create_whose_configuration_holds_an_infinite_number_names_its_key() {
+async fn a_configuration_holding_an_infinite_number_is_refused_naming_its_key() {
     let app = TestApp::new().await;
     let cases = [
         ("config", r#"{"a": {"b": [1, 1e999]}}"#, "config.a.b[1]", ""),
@@ -659,13 +660,9 @@ async fn a_create_whose_configuration_holds_an_infinite_number_names_its_key() {
             r#"(at ["my server"]["port"])"#,
         ),
     ];
-    for (field, text, named, quoted) in cases {
-        let mut body = app.create_body();
-        body[field] = serde_json::from_str(text).expect("a JSON text");
-        let reply = app
-            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
-            .await;
-        assert_code(&reply, StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
+    let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    let refused_naming = |reply: &Reply, named: &str, quoted: &str| {
+        assert_code(reply, StatusCode::UNPROCESSABLE_ENTITY, "invalid_request");
         let message = reply.body["message"].as_str().unwrap_or_default();
         assert!(
             message.starts_with(&format!("{named}: a number with no canonical form"))
@@ -674,9 +671,43 @@ async fn a_create_whose_configuration_holds_an_infinite_number_names_its_key() {
             "{message}"
         );
         assert_eq!(reply.body["details"]["field"], named, "{}", reply.body);
-        let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
+    };
+    for (field, text, named, quoted) in cases {
+        let mut body = app.create_body();
+        body[field] = serde_json::from_str(text).expect("a JSON text");
+        let reply = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        refused_naming(&reply, named, quoted);
         assert!(!paths.manifest.exists() && !paths.materialized.exists());
     }
+    let run_id = app.create().await;
+    let files_before = sidecar_bytes(&paths);
+    for (field, text, named, quoted) in cases {
+        let mut body = app.validate_body(0.3, 8000);
+        body[field] = serde_json::from_str(text).expect("a JSON text");
+        let reply = app
+            .call(
+                Method::POST,
+                &format!("/runs/{run_id}/validate"),
+                Some(COLLECTOR),
+                Some(body),
+            )
+            .await;
+        refused_naming(&reply, named, quoted);
+        assert!(
+            sidecar_bytes(&paths) == files_before,
+            "{named}: a file changed"
+        );
+    }
+}
+
+/// The bytes of a run's manifest, saved identity and drift journal (empty when absent).
+fn sidecar_bytes(paths: &recovery_sidecar::SidecarPaths) -> Vec<Vec<u8>> {
+    [&paths.manifest, &paths.identity, &paths.resume_drift]
+        .iter()
+        .map(|path| std::fs::read(path).unwrap_or_default())
+        .collect()
 }
 
 /// Refusals about the request as a whole name no field (the review saw `details.field: "body"`),
