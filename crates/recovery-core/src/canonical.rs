@@ -105,6 +105,54 @@ pub fn number_without_canonical_form(value: &Value) -> Option<(Vec<PathStep>, Ca
     walk(value, &mut path).map(|error| (path, error))
 }
 
+/// A refusal of [`number_without_canonical_form`]'s finding, naming the key: the field path
+/// (`config.a.b[1]`, starting at `field`) while its keys are plain names, the rest quoted after
+/// it (`(at ["my server"]["port"])`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumberRefusal {
+    /// The field path to the number, or to the last plain name on the way to it.
+    pub field: String,
+    /// `<field>: a number with no canonical form[ (at ...)]: <reason>`.
+    pub message: String,
+}
+
+/// The first number in `value` (the document at `field`) whose digest cannot be taken, as a
+/// refusal naming its key: `None` when every number has a canonical form.
+pub fn refuse_number_without_canonical_form(field: &str, value: &Value) -> Option<NumberRefusal> {
+    let (path, error) = number_without_canonical_form(value)?;
+    let plain =
+        |key: &str| !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    // The way to the number: as a field path while its keys are plain names, quoted after.
+    let (mut named, mut rest) = (field.to_owned(), String::new());
+    for step in &path {
+        let (target, text) = match step {
+            PathStep::Key(key) if plain(key) && rest.is_empty() => (&mut named, format!(".{key}")),
+            PathStep::Key(key) => (
+                &mut rest,
+                format!("[{}]", serde_json::to_string(key).unwrap_or_default()),
+            ),
+            PathStep::Index(i) if rest.is_empty() => (&mut named, format!("[{i}]")),
+            PathStep::Index(i) => (&mut rest, format!("[{i}]")),
+        };
+        target.push_str(&text);
+    }
+    let reason = match error {
+        CanonicalError::IntegerTooLong { .. } => {
+            format!("integer longer than {MAX_INT_DIGITS} digits")
+        }
+        _ => "NaN and infinite numbers have no JSON form".to_owned(),
+    };
+    let at = if rest.is_empty() {
+        String::new()
+    } else {
+        format!(" (at {rest})")
+    };
+    Some(NumberRefusal {
+        message: format!("{named}: a number with no canonical form{at}: {reason}"),
+        field: named,
+    })
+}
+
 /// Canonical JSON of a parsed value.
 pub fn canonical_value(value: &Value) -> Result<String, CanonicalError> {
     let mut out = Vec::new();

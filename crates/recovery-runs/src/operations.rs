@@ -2168,44 +2168,12 @@ fn prepare_rows(
 
 /// Refuses a configuration holding a number its digest cannot be taken of (`1e999`, which
 /// Python reads as infinity), naming the key: `config.a.b[2]: ...` (hostile review 53, F1: the
-/// digest's refusal said `identity_error ... (byte 0)`, naming nothing). A key that is no plain
-/// name stops the field path there and is quoted in the message.
+/// digest's refusal said `identity_error ... (byte 0)`, naming nothing).
 fn refuse_numbers_without_canonical_form(field: &str, value: &Value) -> Result<(), OpError> {
-    use recovery_core::canonical::{CanonicalError, PathStep, number_without_canonical_form};
-    let Some((path, error)) = number_without_canonical_form(value) else {
-        return Ok(());
-    };
-    let plain =
-        |key: &str| !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-    // The way to the number: as a field path while its keys are plain names, quoted after.
-    let (mut named, mut rest) = (field.to_owned(), String::new());
-    for step in &path {
-        let (target, text) = match step {
-            PathStep::Key(key) if plain(key) && rest.is_empty() => (&mut named, format!(".{key}")),
-            PathStep::Key(key) => (
-                &mut rest,
-                format!("[{}]", serde_json::to_string(key).unwrap_or_default()),
-            ),
-            PathStep::Index(i) if rest.is_empty() => (&mut named, format!("[{i}]")),
-            PathStep::Index(i) => (&mut rest, format!("[{i}]")),
-        };
-        target.push_str(&text);
+    match recovery_core::canonical::refuse_number_without_canonical_form(field, value) {
+        Some(refusal) => Err(OpError::Invalid(refusal.message)),
+        None => Ok(()),
     }
-    let reason = match error {
-        CanonicalError::IntegerTooLong { .. } => format!(
-            "integer longer than {} digits",
-            recovery_core::canonical::MAX_INT_DIGITS
-        ),
-        _ => "NaN and infinite numbers have no JSON form".to_owned(),
-    };
-    let at = if rest.is_empty() {
-        String::new()
-    } else {
-        format!(" (at {rest})")
-    };
-    Err(OpError::Invalid(format!(
-        "{named}: a number with no canonical form{at}: {reason}"
-    )))
 }
 
 fn prepare(

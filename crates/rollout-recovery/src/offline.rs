@@ -26,8 +26,26 @@ struct Bundle {
 
 fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
     let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let value = recovery_core::canonical::parse_json(&text)
-        .with_context(|| format!("{} is not JSON", path.display()))?;
+    let value = match recovery_core::canonical::parse_json(&text) {
+        Ok(value) => value,
+        Err(error) => {
+            // JSON whose digest cannot be taken (a number such as `1e999`) is named by its key,
+            // as the service names it, not called "not JSON" (hostile review 54).
+            let refusal = serde_json::from_slice::<Value>(&text)
+                .ok()
+                .and_then(|value| {
+                    recovery_core::canonical::refuse_number_without_canonical_form("", &value)
+                });
+            match refusal {
+                Some(refusal) => bail!(
+                    "{}: {}",
+                    path.display(),
+                    refusal.message.trim_start_matches('.')
+                ),
+                None => bail!("{} is not JSON: {error}", path.display()),
+            }
+        }
+    };
     let field = |name: &str| {
         value
             .get(name)
@@ -152,13 +170,16 @@ fn read_saved_identity(path: &std::path::Path) -> anyhow::Result<Value> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let saved: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("--against {}: not JSON", path.display()))?;
-    let is_identity = saved
-        .as_object()
-        .is_some_and(|o| o.contains_key("collection") && o.contains_key("servers"));
+    // Both parts are objects in every identity (review 54: `{"collection": 1, "servers": []}`
+    // was compared, and answered drift on both).
+    let is_identity = saved.as_object().is_some_and(|o| {
+        o.get("collection").is_some_and(Value::is_object)
+            && o.get("servers").is_some_and(Value::is_object)
+    });
     if !is_identity {
         anyhow::bail!(
-            "--against {}: not a saved identity (a JSON object holding \"collection\" and \"servers\", \
-             as the file <stem>_manifest_identity.json beside a manifest does)",
+            "--against {}: not a saved identity (a JSON object whose \"collection\" and \"servers\" \
+             are objects, as in the file <stem>_manifest_identity.json beside a manifest)",
             path.display()
         );
     }

@@ -1650,9 +1650,16 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
     );
     // What is no saved identity (not JSON; a bundle given by mistake) is refused naming the
     // file, never compared (hostile review 53, F9).
+    // Nor is an object whose parts are not objects (review 54).
     let not_json = dir.path().join("passwd");
     std::fs::write(&not_json, "root:x:0:0:root:/root:/bin/bash\n").expect("file");
-    for (wrong, says) in [(&not_json, "not JSON"), (&hotter, "not a saved identity")] {
+    let wrong_shape = dir.path().join("wrong_shape_identity.json");
+    std::fs::write(&wrong_shape, r#"{"collection": 1, "servers": []}"#).expect("file");
+    for (wrong, says) in [
+        (&not_json, "not JSON"),
+        (&hotter, "not a saved identity"),
+        (&wrong_shape, "not a saved identity"),
+    ] {
         let refused = Command::new(BIN)
             .args(["identity", "--bundle"])
             .arg(&hotter)
@@ -1670,6 +1677,28 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         );
         assert!(refused.stdout.is_empty());
     }
+    // A bundle whose digest cannot be taken (a number Python reads as infinity) is refused
+    // naming the key, as the service does, not called "not JSON" (review 54).
+    let infinite = dir.path().join("infinite_bundle.json");
+    std::fs::write(
+        &infinite,
+        r#"{"config": {"a": [1, 1e999]}, "global_config": {}}"#,
+    )
+    .expect("bundle");
+    let refused = Command::new(BIN)
+        .args(["identity", "--bundle"])
+        .arg(&infinite)
+        .output()
+        .expect("identity");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: config.a[1]: a number with no canonical form",
+            infinite.display()
+        )),
+        "{stderr}"
+    );
     // The operator's policy reaches the offline tools as it reaches `serve` (one set of flags
     // and variables): a key declared operational resumes offline too.
     let declared = Command::new(BIN)
