@@ -2893,7 +2893,10 @@ async fn a_plan_pages_its_rollouts_by_state_and_cursor_and_refuses_a_limit_out_o
     let mut cursor: Option<String> = None;
     loop {
         let uri = match &cursor {
-            Some(c) => format!("/runs/{run_id}/plan?state=scored&limit=4&cursor={c}"),
+            Some(c) => format!(
+                "/runs/{run_id}/plan?state=scored&limit=4&cursor={}",
+                c.replace('|', "%7C")
+            ),
             None => format!("/runs/{run_id}/plan?state=scored&limit=4"),
         };
         let page = app.call(Method::GET, &uri, Some(VIEWER), None).await;
@@ -2929,10 +2932,49 @@ async fn a_plan_pages_its_rollouts_by_state_and_cursor_and_refuses_a_limit_out_o
         ),
         (Some(23), &Value::Null)
     );
+    // A plan's cursor continues its own run's plan only: a bare position (what cursors were
+    // before), another run's cursor and another list's are refused, never read as an offset
+    // (hostile review 54); its own run's is taken with another state too.
+    let first = app
+        .call(
+            Method::GET,
+            &format!("/runs/{run_id}/plan?limit=5"),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let own = first.body["next_cursor"]
+        .as_str()
+        .expect("a cursor")
+        .to_owned();
+    assert_eq!(own, format!("plan|{run_id}|4"));
+    let other_state = app
+        .call(
+            Method::GET,
+            &format!(
+                "/runs/{run_id}/plan?state=missing&limit=2&cursor={}",
+                own.replace('|', "%7C")
+            ),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    let tasks: Vec<Option<i64>> = other_state.body["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| e["task_index"].as_i64())
+        .collect();
+    assert_eq!(tasks, [Some(5), Some(7)], "{}", other_state.body);
+    let another_run = format!("cursor=plan%7C{}%7C4", "0".repeat(32));
+    let another_list = format!("cursor=runs%7C{}", own.replace('|', "%7C"));
     for (query, field) in [
         ("limit=0", "limit"),
         ("limit=1001", "limit"),
         ("cursor=abc", "cursor"),
+        ("cursor=4", "cursor"),
+        (another_run.as_str(), "cursor"),
+        (another_list.as_str(), "cursor"),
         ("state=lost", "state"),
     ] {
         let refused = app

@@ -566,9 +566,27 @@ pub struct PlanParams {
     /// At most this many rollouts (1-1000, default 1000).
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
-    /// Where the previous page ended (its `next_cursor`).
-    #[param(max_length = 20)]
+    /// Where the previous page ended (its `next_cursor`, which only this run's plan takes).
+    #[param(max_length = 64)]
     pub cursor: Option<String>,
+}
+
+/// A plan page's cursor: `plan|<run id>|<position>`, the inventory position of the page's last
+/// rollout. A position is a place in one run's inventory, so another run's cursor (or another
+/// list's) is refused rather than read as an offset (hostile review 54); within the run it may
+/// be given with another `state` (the rollouts of that state after the position).
+fn plan_cursor(run_id: &str, position: usize) -> String {
+    format!("plan|{run_id}|{position}")
+}
+
+fn plan_position(run_id: &str, cursor: &str) -> Option<usize> {
+    let rest = cursor.strip_prefix("plan|")?.strip_prefix(run_id)?;
+    let digits = rest.strip_prefix('|')?;
+    // The canonical decimal only (no sign, no leading zero): the text this service wrote.
+    digits
+        .parse::<usize>()
+        .ok()
+        .filter(|position| position.to_string() == digits)
 }
 
 /// A run's resume plan: the summary (counts per state, coverage) and one page of rollouts in
@@ -645,11 +663,16 @@ pub async fn plan(
     let limit = crate::error::page_limit(params.limit, 1000)? as usize;
     let after = match params.cursor.as_deref() {
         None => None,
-        Some(text) => Some(text.parse::<usize>().map_err(|_| {
-            ApiError::invalid_field("cursor", "cursor: not a cursor this service issued")
+        Some(text) => Some(plan_position(&run_id, text).ok_or_else(|| {
+            ApiError::invalid_field(
+                "cursor",
+                "cursor: not a cursor this run's plan issued (a plan's cursor continues the \
+                 plan of the run it came from)",
+            )
         })?),
     };
     let filter = params.state;
+    let cursor_run = run_id.clone();
     state
         .with_plan_then(
             &run_id,
@@ -658,7 +681,7 @@ pub async fn plan(
                 let summary = plan.summary();
                 let (positions, more) = summary.positions(filter, after, limit);
                 let next_cursor = more
-                    .then(|| positions.last().map(|p| p.to_string()))
+                    .then(|| positions.last().map(|&p| plan_cursor(&cursor_run, p)))
                     .flatten();
                 PlanResponse {
                     entries: positions.into_iter().map(|p| view.entry(p)).collect(),
