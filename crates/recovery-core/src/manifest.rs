@@ -204,9 +204,54 @@ impl RunManifest {
 
     /// Reads manifest bytes exactly as `RunManifest.model_validate_json` would accept them.
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, ManifestError> {
+        if let Some(read) = Self::from_plain_json_bytes(bytes) {
+            return read;
+        }
         let value: Value =
             serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
         Self::from_value(&value)
+    }
+
+    /// The common manifest read without building its `next_attempt` as a JSON tree (a
+    /// 100k-rollout manifest's tree took ~25 ms to build and copy, paid by every plan after a
+    /// reservation rewrote it): the object's members are kept as raw text, and `next_attempt`
+    /// is read straight into [`NextAttempts`] when every value is a plain decimal integer the
+    /// manifest keeps (`[1-9][0-9]*`, at most [`MAX_NEXT_ATTEMPT`]). `None` when anything
+    /// else is there (not an object, another kind of value, an error): the caller reads the
+    /// bytes through [`Self::from_value`], so every refusal is that path's, word for word.
+    fn from_plain_json_bytes(bytes: &[u8]) -> Option<Result<Self, ManifestError>> {
+        use serde_json::value::RawValue;
+        type Members<'a, S> = IndexMap<String, &'a RawValue, S>;
+        // Duplicate names keep the first one's place and the last one's value, as `Map` does.
+        let members: Members<'_, std::hash::RandomState> = serde_json::from_slice(bytes).ok()?;
+        let next_attempt = match members.get("next_attempt") {
+            Some(raw) => {
+                let entries: Members<'_, foldhash::fast::RandomState> =
+                    serde_json::from_str(raw.get()).ok()?;
+                let mut next_attempt = NextAttempts::default();
+                next_attempt.reserve(entries.len());
+                for (key, raw) in entries {
+                    next_attempt.insert(key, plain_execution_number(raw.get())?);
+                }
+                next_attempt
+            }
+            None => NextAttempts::default(),
+        };
+        let mut rest = Map::new();
+        for (name, raw) in &members {
+            if name == "next_attempt" {
+                continue;
+            }
+            // serde_json reads at most 127 levels; a member read alone would be allowed one
+            // more than inside the manifest, so one nested that deep is left to the full read.
+            crate::canonical::check_depth_within(
+                raw.get().as_bytes(),
+                crate::canonical::MAX_DEPTH - 126,
+            )
+            .ok()?;
+            rest.insert(name.clone(), serde_json::from_str(raw.get()).ok()?);
+        }
+        Some(Self::from_members(&rest, Some(next_attempt)))
     }
 
     /// Validates an already parsed JSON value.
@@ -214,6 +259,15 @@ impl RunManifest {
         let Value::Object(map) = value else {
             return Err(ManifestError::NotAnObject);
         };
+        Self::from_members(map, None)
+    }
+
+    /// Validates a manifest object's members; `read_next_attempt` is its `next_attempt` when
+    /// it was read already (and found valid), in which case `map` does not hold it.
+    fn from_members(
+        map: &Map<String, Value>,
+        read_next_attempt: Option<NextAttempts>,
+    ) -> Result<Self, ManifestError> {
         let mut problems = Vec::new();
         let mut problem = |field: &str, text: &str| {
             problems.push(FieldProblem {
@@ -238,6 +292,9 @@ impl RunManifest {
         }
         let mut next_attempt = NextAttempts::default();
         match map.get("next_attempt") {
+            None if read_next_attempt.is_some() => {
+                next_attempt = read_next_attempt.unwrap_or_default();
+            }
             None => {}
             Some(Value::Object(entries)) => {
                 next_attempt.reserve(entries.len());
@@ -561,6 +618,17 @@ fn is_literal_two(value: &Value) -> bool {
 /// The largest `next_attempt` a manifest may hold: execution numbers are `i64` wherever they are
 /// handed out and recorded (JSON answers, database rows, outcome lines as the plan reads them).
 pub const MAX_NEXT_ATTEMPT: u64 = i64::MAX as u64;
+
+/// A `next_attempt` value written as a plain decimal integer the manifest keeps
+/// (`[1-9][0-9]*`, at most [`MAX_NEXT_ATTEMPT`]): what [`strict_positive_int`] accepts with no
+/// problem. `None` for anything else, which the full read judges.
+fn plain_execution_number(text: &str) -> Option<u64> {
+    let plain = text.bytes().all(|b| b.is_ascii_digit()) && !text.starts_with('0');
+    plain
+        .then(|| text.parse::<u64>().ok())
+        .flatten()
+        .filter(|n| *n <= MAX_NEXT_ATTEMPT)
+}
 
 fn strict_positive_int(value: &Value) -> Result<u64, &'static str> {
     let Value::Number(n) = value else {

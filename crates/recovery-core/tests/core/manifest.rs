@@ -84,6 +84,14 @@ fn reading_accepts_and_refuses_exactly_what_the_seed_models_do() {
         r#","next_attempt":{"0-0":0}"#.into(),
         r#","next_attempt":{"0-0":1.0}"#.into(),
         r#","next_attempt":[]"#.into(),
+        // Read without a JSON tree when every value is plain: duplicates and escapes as before.
+        r#","next_attempt":{"0-0":1,"1-0":2,"0-0":3}"#.into(),
+        r#","next_attempt":{"0-0":1},"next_attempt":{"1-0":2}"#.into(),
+        r#","next_attempt":{"\u0030-0":2, "1-0" : 9223372036854775807 }"#.into(),
+        r#","next_attempt":{"0-0":-0}"#.into(),
+        r#","next_attempt":{"0-0":1E2}"#.into(),
+        r#","next_attempt":{"0-0":"2"}"#.into(),
+        r#","next_attempt":{"0-0":2,"1-0":null}"#.into(),
         r#","run_id":5"#.into(),
         r#","unknown_field":1"#.into(),
         r#","run_id":"second""#.into(),
@@ -267,7 +275,70 @@ fn manifest_strategy() -> impl Strategy<Value = RunManifest> {
         )
 }
 
+/// A manifest text with `next_attempt` values of every kind (plain, zero, negative, float,
+/// exponent, string, null, list, past 2^63 - 1), names that repeat, and other members around it.
+fn manifest_text_strategy() -> impl Strategy<Value = String> {
+    let value = prop::sample::select(vec![
+        "1",
+        "7",
+        "12",
+        "0",
+        "-0",
+        "-1",
+        "1.0",
+        "1e2",
+        "\"3\"",
+        "null",
+        "true",
+        "[1]",
+        "{}",
+        "9223372036854775807",
+        "9223372036854775808",
+        "18446744073709551616",
+        " 5 ",
+    ]);
+    let entries = prop::collection::vec(
+        (
+            prop::sample::select(vec!["0-0", "1-0", "\\u0030-0", "x"]),
+            value,
+        ),
+        0..5,
+    );
+    let member = prop::sample::select(vec![
+        "",
+        r#","legacy_import":true"#,
+        r#","max_rollout_attempts":3"#,
+        r#","unknown":[[[1]]]"#,
+        r#","next_attempt":{"9-0":4}"#,
+        r#","pending_rejudge":{}"#,
+    ]);
+    (entries, member, any::<bool>()).prop_map(|(entries, member, before)| {
+        let body: Vec<String> = entries
+            .iter()
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
+        let next = format!(r#","next_attempt":{{{}}}"#, body.join(","));
+        let (first, second) = if before {
+            (member, next.as_str())
+        } else {
+            (next.as_str(), member)
+        };
+        format!("{{{BASE}{first}{second}}}")
+    })
+}
+
 proptest! {
+    /// The read that skips the JSON tree answers exactly as the full read (every manifest and
+    /// every refusal, word for word).
+    #[test]
+    fn reading_a_manifest_answers_as_reading_its_json_tree(text in manifest_text_strategy()) {
+        let full = serde_json::from_str::<Value>(&text)
+            .map_err(|e| recovery_core::manifest::ManifestError::Json(e.to_string()).to_string())
+            .and_then(|value| RunManifest::from_value(&value).map_err(|e| e.to_string()));
+        let read = RunManifest::from_json_bytes(text.as_bytes()).map_err(|e| e.to_string());
+        prop_assert_eq!(read, full, "{}", text);
+    }
+
     #[test]
     fn every_manifest_survives_a_write_read_round_trip(manifest in manifest_strategy()) {
         let text = manifest.to_pretty_json().expect("pretty");
