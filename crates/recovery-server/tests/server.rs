@@ -2966,6 +2966,29 @@ async fn a_plan_pages_its_rollouts_by_state_and_cursor_and_refuses_a_limit_out_o
         .map(|e| e["task_index"].as_i64())
         .collect();
     assert_eq!(tasks, [Some(5), Some(7)], "{}", other_state.body);
+    // A cursor at the largest position lists nothing after it (review 55: it wrapped to the
+    // first page).
+    let last = app
+        .call(
+            Method::GET,
+            &format!(
+                "/runs/{run_id}/plan?cursor=plan%7C{run_id}%7C{}",
+                usize::MAX
+            ),
+            Some(VIEWER),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (
+            last.status,
+            &last.body["entries"],
+            &last.body["next_cursor"]
+        ),
+        (StatusCode::OK, &json!([]), &Value::Null),
+        "{}",
+        last.body
+    );
     let another_run = format!("cursor=plan%7C{}%7C4", "0".repeat(32));
     let another_list = format!("cursor=runs%7C{}", own.replace('|', "%7C"));
     for (query, field) in [

@@ -1057,7 +1057,8 @@ impl PlanSummary {
         after: Option<usize>,
         limit: usize,
     ) -> (Vec<usize>, bool) {
-        let start = after.map_or(0, |a| a + 1);
+        // A cursor at the last position there is lists nothing after it (never wraps to 0).
+        let start = after.map_or(0, |a| a.saturating_add(1));
         match state {
             Some(state) => {
                 let all = self.by_state.get(&state).map_or(&[][..], Vec::as_slice);
