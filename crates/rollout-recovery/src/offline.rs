@@ -170,6 +170,16 @@ fn read_saved_identity(path: &std::path::Path) -> anyhow::Result<Value> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let saved: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("--against {}: not JSON", path.display()))?;
+    // A number no digest can be taken of is named by its key, as in a bundle (review 55).
+    if let Some(refusal) =
+        recovery_core::canonical::refuse_number_without_canonical_form("", &saved)
+    {
+        bail!(
+            "--against {}: {}",
+            path.display(),
+            refusal.message.trim_start_matches('.')
+        );
+    }
     // Both parts are objects in every identity (review 54: `{"collection": 1, "servers": []}`
     // was compared, and answered drift on both).
     let is_identity = saved.as_object().is_some_and(|o| {

@@ -1655,10 +1655,21 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
     std::fs::write(&not_json, "root:x:0:0:root:/root:/bin/bash\n").expect("file");
     let wrong_shape = dir.path().join("wrong_shape_identity.json");
     std::fs::write(&wrong_shape, r#"{"collection": 1, "servers": []}"#).expect("file");
+    // And one holding a number no digest can be taken of is refused naming it (review 55).
+    let infinite_identity = dir.path().join("infinite_identity.json");
+    std::fs::write(
+        &infinite_identity,
+        r#"{"collection": {"x": {"y": [1, -1e400]}}, "servers": {}}"#,
+    )
+    .expect("file");
     for (wrong, says) in [
         (&not_json, "not JSON"),
         (&hotter, "not a saved identity"),
         (&wrong_shape, "not a saved identity"),
+        (
+            &infinite_identity,
+            "collection.x.y[1]: a number with no canonical form",
+        ),
     ] {
         let refused = Command::new(BIN)
             .args(["identity", "--bundle"])
