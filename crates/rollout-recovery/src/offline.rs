@@ -24,27 +24,30 @@ struct Bundle {
     rows: Option<Vec<Value>>,
 }
 
+/// The refusal of a document holding a number no digest can be taken of (`1e999`, which
+/// Python reads as infinity), naming the key (`config.a.b[1]: a number with no canonical
+/// form: ...`), as the service names it; `None` when the text is not JSON or has no such number.
+fn number_refusal(text: &[u8]) -> Option<String> {
+    let value = serde_json::from_slice::<Value>(text).ok()?;
+    let refusal = recovery_core::canonical::refuse_number_without_canonical_form("", &value)?;
+    let message = refusal.message.trim_start_matches('.');
+    Some(match message.strip_prefix(": ") {
+        // The document itself is the number.
+        Some(rest) => format!("the document: {rest}"),
+        None => message.to_owned(),
+    })
+}
+
 fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
     let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let value = match recovery_core::canonical::parse_json(&text) {
         Ok(value) => value,
-        Err(error) => {
-            // JSON whose digest cannot be taken (a number such as `1e999`) is named by its key,
-            // as the service names it, not called "not JSON" (hostile review 54).
-            let refusal = serde_json::from_slice::<Value>(&text)
-                .ok()
-                .and_then(|value| {
-                    recovery_core::canonical::refuse_number_without_canonical_form("", &value)
-                });
-            match refusal {
-                Some(refusal) => bail!(
-                    "{}: {}",
-                    path.display(),
-                    refusal.message.trim_start_matches('.')
-                ),
-                None => bail!("{} is not JSON: {error}", path.display()),
-            }
-        }
+        // JSON whose digest cannot be taken is named by its key, not called "not JSON"
+        // (hostile review 54).
+        Err(error) => match number_refusal(&text) {
+            Some(refusal) => bail!("{}: {refusal}", path.display()),
+            None => bail!("{} is not JSON: {error}", path.display()),
+        },
     };
     let field = |name: &str| {
         value
@@ -171,14 +174,8 @@ fn read_saved_identity(path: &std::path::Path) -> anyhow::Result<Value> {
     let saved: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("--against {}: not JSON", path.display()))?;
     // A number no digest can be taken of is named by its key, as in a bundle (review 55).
-    if let Some(refusal) =
-        recovery_core::canonical::refuse_number_without_canonical_form("", &saved)
-    {
-        bail!(
-            "--against {}: {}",
-            path.display(),
-            refusal.message.trim_start_matches('.')
-        );
+    if let Some(refusal) = number_refusal(&bytes) {
+        bail!("--against {}: {refusal}", path.display());
     }
     // Both parts are objects in every identity (review 54: `{"collection": 1, "servers": []}`
     // was compared, and answered drift on both).
@@ -399,7 +396,18 @@ pub fn digest(path: Option<PathBuf>, jsonl: bool) -> anyhow::Result<()> {
         let mut text = Vec::new();
         let mut reader = reader;
         reader.read_to_end(&mut text)?;
-        println!("{}", recovery_core::canonical::digest_text(&text)?);
+        let name = path
+            .as_deref()
+            .filter(|p| p.as_os_str() != "-")
+            .map_or_else(|| "standard input".to_owned(), |p| p.display().to_string());
+        match recovery_core::canonical::digest_text(&text) {
+            Ok(digest) => println!("{digest}"),
+            // As a bundle's: the key of a number no digest can be taken of (review 55).
+            Err(error) => match number_refusal(&text) {
+                Some(refusal) => bail!("{name}: {refusal}"),
+                None => bail!("{name}: {error}"),
+            },
+        }
     }
     Ok(())
 }
