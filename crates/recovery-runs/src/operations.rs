@@ -1894,7 +1894,12 @@ fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFact
         text.push(b'\n');
     }
     let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
-        .map_err(row_digest_error)?
+        .map_err(|e| {
+            row_digest_error(e, |i| {
+                rows.get(i)
+                    .and_then(|row| serde_json::from_str(row.get()).ok())
+            })
+        })?
         .sha256;
     Ok(MaterializedFacts {
         digest,
@@ -1902,12 +1907,26 @@ fn raw_rows_facts(rows: &serde_json::value::RawValue) -> Result<MaterializedFact
     })
 }
 
-/// A digest refusal of rows laid out one per line, naming the row (line n is `rows[n - 1]`).
-fn row_digest_error(error: recovery_core::materialized::MaterializedError) -> OpError {
+/// A digest refusal of rows laid out one per line, naming the row (line n is `rows[n - 1]`),
+/// and the key when the row holds a number no digest can be taken of (`rows[0].question: ...`,
+/// as a configuration's is named; hostile review 55, F4: the row's name and a byte offset into
+/// its re-serialisation). `row(i)` gives row `i` read as a value (only this refusal reads it).
+fn row_digest_error(
+    error: recovery_core::materialized::MaterializedError,
+    row: impl Fn(usize) -> Option<Value>,
+) -> OpError {
     use recovery_core::materialized::MaterializedError;
     match error {
         MaterializedError::Line { line, source } => {
-            OpError::Invalid(format!("rows[{}]: {source}", line.saturating_sub(1)))
+            let i = line.saturating_sub(1);
+            let field = format!("rows[{i}]");
+            let named = usize::try_from(i).ok().and_then(&row).and_then(|value| {
+                recovery_core::canonical::refuse_number_without_canonical_form(&field, &value)
+            });
+            match named {
+                Some(refusal) => OpError::Invalid(refusal.message),
+                None => OpError::Invalid(format!("{field}: {source}")),
+            }
         }
         other => OpError::Invalid(format!("rows: {other}")),
     }
@@ -2146,7 +2165,7 @@ fn prepare_rows(
             text.push(b'\n');
         }
         let digest = recovery_core::materialized::materialized_digest(text.as_slice(), 1)
-            .map_err(row_digest_error)?
+            .map_err(|e| row_digest_error(e, |i| rows.get(i).cloned()))?
             .sha256;
         return Ok((Some(text), digest, RowReferences::from_rows(rows)));
     }

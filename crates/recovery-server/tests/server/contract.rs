@@ -659,6 +659,13 @@ async fn a_configuration_holding_an_infinite_number_is_refused_naming_its_key() 
             "global_config",
             r#"(at ["my server"]["port"])"#,
         ),
+        // A row's too (review 55, F4: `rows[0]: ... (byte 82)`).
+        (
+            "rows",
+            r#"[{"agent_ref": {"name": "math_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0, "question": 1e999}]"#,
+            "rows[0].question",
+            "",
+        ),
     ];
     let paths = recovery_sidecar::SidecarPaths::for_output(&app.output());
     let refused_naming = |reply: &Reply, named: &str, quoted: &str| {
