@@ -691,7 +691,7 @@ impl IndexField {
             return IndexField::Int(i);
         }
         match serde_json::from_str::<Value>(text) {
-            Ok(value) => IndexField::Other(Box::new(value)),
+            Ok(value) => IndexField::other(value),
             Err(_) => IndexField::other(Value::String(text.to_owned())),
         }
     }
