@@ -734,7 +734,10 @@ impl<'de> Deserialize<'de> for IndexField {
                 Ok(IndexField::Int(v))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<IndexField, E> {
-                Ok(i64::try_from(v).map_or(IndexField::other(Value::from(v)), IndexField::Int))
+                // Built only past `i64::MAX`: an eager default allocated a number text for
+                // every index of every row.
+                Ok(i64::try_from(v)
+                    .map_or_else(|_| IndexField::other(Value::from(v)), IndexField::Int))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<IndexField, E> {
                 Ok(IndexField::other(Value::from(v)))
