@@ -1002,11 +1002,6 @@ impl Registry {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let directory = paths
-            .output
-            .parent()
-            .map(Path::to_owned)
-            .unwrap_or_default();
         // Names the service finds runs by (every start and reindex reads them as a manifest or
         // a replacement under way): an output so named would be reported unreadable forever.
         // A set-aside manifest (`*_manifest.json.replaced-<time>`) too: every reindex reads
@@ -1023,6 +1018,24 @@ impl Registry {
                 "is named as a run's {suffix} file, which the service reads as one: give the output another name"
             ));
         }
+        self.check_companions(paths).await
+    }
+
+    /// Refuses an output whose files are another run's, or which is another run's file: checked
+    /// when a create is prepared, and again under its directory's creation lock before anything
+    /// is written (a create of another output sharing files may have been published meanwhile).
+    async fn check_companions(&self, paths: &SidecarPaths) -> Result<(), OpError> {
+        let refuse = |why: String| Err(OpError::PathRefused(format!("output_path: {why}")));
+        let name = paths
+            .output
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let directory = paths
+            .output
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_default();
         self.refuse_companions_of_another_output(paths).await?;
         for suffix in recovery_sidecar::paths::COMPANION_SUFFIXES {
             let Some(stem) = name.strip_suffix(suffix).filter(|s| !s.is_empty()) else {
@@ -1083,6 +1096,10 @@ impl Registry {
                 self.adopt_locked(run).await?;
             }
         }
+        // Under the directory's creation lock: a create of an output sharing files with this
+        // one (`q_failures.jsonl` beside `q.jsonl`) is either published and refuses this one
+        // here, or waits for this one and is refused in turn (hostile review 55, F6).
+        self.check_companions(&paths).await?;
         let seconds = self.clock().now().unix_timestamp();
         let (work_paths, rows) = (paths.clone(), prepared.materialized.clone());
         let replacing = prepared.replace.then(|| prepared.manifest.run_id.clone());

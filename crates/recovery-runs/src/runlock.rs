@@ -23,8 +23,16 @@
 //! appends go through its group commit ([`crate::groupcommit`]), so a journal still has one
 //! writer.
 //!
-//! Invariants: the per-run lock is the outermost lock and no lock is taken while waiting for it
-//! except the ones above in that order; no process-wide mutex is held across IO (the shared
+//! A run being created ([`RunLocks::lock_creating`]) first takes its directory's creation lock
+//! (this process's mutex and, with PostgreSQL, an advisory lock, both keyed by the directory):
+//! two outputs of one directory may share files (`q.jsonl` and `q_failures.jsonl`, which is the
+//! first one's failures sidecar), and their creates each check that the other's files are no
+//! run's before writing their own, so they run one after the other (hostile review 55, F6: both
+//! were created, and two runs wrote one file).
+//!
+//! Invariants: the per-run lock is the outermost lock but for a create's directory lock, which
+//! is taken before it and only by creates; no lock is taken while waiting for it except the
+//! ones above in that order; no process-wide mutex is held across IO (the shared
 //! `flock` map is held only to take or release a `flock`, a non-blocking call); dropping a
 //! section releases everything it took.
 
@@ -128,6 +136,8 @@ pub struct LockedRun {
     _flock: Flock,
     _advisory: AdvisoryLock,
     _local: OwnedRwLockWriteGuard<()>,
+    /// A create's directory lock, released last.
+    _creating: Option<RowsGuard>,
 }
 
 /// A run locked in shared mode: its files are read and its journals appended to (through
@@ -216,6 +226,16 @@ pub struct RunLocks {
     shared_flocks: SharedFlocks,
 }
 
+/// The key of the creation lock of an output's directory: a name in it that no run's lock
+/// file has (those end in `_run.lock`), so it is never a run's key.
+fn creation_key(paths: &SidecarPaths) -> PathBuf {
+    paths
+        .run_lock
+        .parent()
+        .unwrap_or(Path::new("/"))
+        .join(".rollout-recovery creating runs")
+}
+
 /// The advisory lock key of a run: the first 8 bytes of SHA-256 of its lock path.
 fn advisory_key(run_lock: &Path) -> i64 {
     let digest = Sha256::digest(run_lock.as_os_str().as_encoded_bytes());
@@ -248,8 +268,12 @@ impl RunLocks {
     /// directory was moved or removed is refused (`DirectoryGone`), never given a new one
     /// (hostile review 45: a call on such a run made the directory, and the run moved back
     /// landed inside it).
+    /// A create also holds its directory's creation lock (see the module doc), taken first.
     pub async fn lock_creating(&self, paths: &SidecarPaths) -> Result<LockedRun, RunLockError> {
-        self.lock_making(paths, Place::MakingDirectory).await
+        let creating = self.lock_key(&creation_key(paths)).await?;
+        let mut run = self.lock_making(paths, Place::MakingDirectory).await?;
+        run._creating = Some(creating);
+        Ok(run)
     }
 
     async fn lock_making(
@@ -257,15 +281,22 @@ impl RunLocks {
         paths: &SidecarPaths,
         place: Place,
     ) -> Result<LockedRun, RunLockError> {
-        let local = self.leases.local().lock(&paths.run_lock).await;
-        let advisory = self
-            .store
-            .advisory_lock(advisory_key(&paths.run_lock))
-            .await?;
+        let RowsGuard { _advisory, _local } = self.lock_key(&paths.run_lock).await?;
         let flock = self.flock(paths, false, place).await?;
         Ok(LockedRun {
             paths: paths.clone(),
             _flock: flock,
+            _advisory,
+            _local,
+            _creating: None,
+        })
+    }
+
+    /// This process's lock of `key` and, with PostgreSQL, the advisory lock named after it.
+    async fn lock_key(&self, key: &Path) -> Result<RowsGuard, RunLockError> {
+        let local = self.leases.local().lock(key).await;
+        let advisory = self.store.advisory_lock(advisory_key(key)).await?;
+        Ok(RowsGuard {
             _advisory: advisory,
             _local: local,
         })
@@ -411,15 +442,7 @@ impl RunLocks {
 
     /// Locks a run's rows only (see [`RowsGuard`]).
     pub async fn lock_rows(&self, paths: &SidecarPaths) -> Result<RowsGuard, RunLockError> {
-        let local = self.leases.local().lock(&paths.run_lock).await;
-        let advisory = self
-            .store
-            .advisory_lock(advisory_key(&paths.run_lock))
-            .await?;
-        Ok(RowsGuard {
-            _advisory: advisory,
-            _local: local,
-        })
+        self.lock_key(&paths.run_lock).await
     }
 
     /// Whether, on PostgreSQL, a live lease of another replica holds this run lock.

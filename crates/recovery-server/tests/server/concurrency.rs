@@ -1047,6 +1047,72 @@ async fn racing_creates_of_outputs_sharing_companions_create_one_run_and_name_it
     }
 }
 
+/// Two outputs of one directory where one is the other's file (`q_failures.jsonl` is the
+/// failures sidecar of `q.jsonl`; the materialized inputs and drift journal too), created at the
+/// same moment: one run is created and the other create is refused naming `output_path`,
+/// having written nothing (hostile review 55, F6: both were created, in 21 of 40 pairs, and two
+/// runs wrote one file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_creates_of_an_output_and_another_outputs_companion_create_one_run() {
+    let app = TestApp::new().await;
+    let dir = app.output().parent().expect("dir").to_owned();
+    let suffixes = [
+        "_failures.jsonl",
+        "_materialized_inputs.jsonl",
+        "_manifest_resume_drift.jsonl",
+    ];
+    for round in 0..4 {
+        let pairs: Vec<(std::path::PathBuf, std::path::PathBuf)> = suffixes
+            .iter()
+            .enumerate()
+            .map(|(k, suffix)| {
+                let stem = format!("r{round}k{k}");
+                (
+                    dir.join(format!("{stem}.jsonl")),
+                    dir.join(format!("{stem}{suffix}")),
+                )
+            })
+            .collect();
+        let requests = pairs
+            .iter()
+            .flat_map(|(output, companion)| [output, companion])
+            .map(|output| {
+                let mut body = app.create_body();
+                body["output_path"] = json!(output);
+                (Method::POST, "/runs".to_owned(), COLLECTOR, body)
+            })
+            .collect();
+        let replies = all_at_once(&app, requests).await;
+        for (pair, replies) in pairs.iter().zip(replies.chunks(2)) {
+            let outputs = [&pair.0, &pair.1];
+            let created: Vec<usize> = (0..2)
+                .filter(|&i| replies[i].status == StatusCode::CREATED)
+                .collect();
+            assert_eq!(created.len(), 1, "{pair:?}: one of the two is created");
+            let refused = &replies[1 - created[0]];
+            assert_eq!(
+                (
+                    refused.status,
+                    refused.body["code"].as_str(),
+                    refused.body["details"]["field"].as_str()
+                ),
+                (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    Some("path_refused"),
+                    Some("output_path")
+                ),
+                "{pair:?}: {}",
+                refused.body
+            );
+            let loser = recovery_sidecar::SidecarPaths::for_output(outputs[1 - created[0]]);
+            assert!(
+                !loser.manifest.exists() && !loser.identity.exists(),
+                "{pair:?}: the refused create wrote nothing"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_starts_again() {
     let app = TestApp::new().await;
