@@ -904,6 +904,12 @@ impl Registry {
         by: &str,
         reason: &str,
     ) -> Result<Resubmit, OpError> {
+        // As every other operator action's: the audit says why (hostile review 55, F7).
+        if reason.trim().is_empty() {
+            return Err(OpError::Invalid(
+                "reason: say why the failure budget is reset".into(),
+            ));
+        }
         let resubmit = self.record_resubmit(run, run_id, by).await?;
         self.audit(
             by,

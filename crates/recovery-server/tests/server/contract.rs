@@ -370,6 +370,14 @@ async fn an_invalid_field_is_named_in_details() {
             Some(json!({"extend_attempts": 0, "reason": "more"})),
             "extend_attempts",
         ),
+        // Every operator action says why (review 55, F7: a resubmit took an empty reason).
+        (
+            Method::POST,
+            format!("/runs/{run_id}/attempts/resubmit"),
+            OPERATOR,
+            Some(json!({"reason": " \t"})),
+            "reason",
+        ),
         (
             Method::GET,
             format!("/runs/{run_id}/plan?cursor=x"),
