@@ -14,11 +14,11 @@
 use crate::canonical::python_float_repr;
 use regex::Regex;
 use serde_json::{Map, Number, Value};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::LazyLock;
 
 /// One step of a path into the configuration tree.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Segment {
     Key(String),
     Index(usize),
@@ -137,12 +137,29 @@ pub struct Resolver<'env> {
     /// size no real configuration reaches.
     nodes_left: usize,
     bytes_left: usize,
+    /// The interpolated strings resolved in this call (the tree is fixed during a call), with
+    /// what resolving them took of the budgets: a string met again (a chain `k0: ${.k1}`,
+    /// `k1: ${.k2}`, ... resolves every later link once per earlier one, cubic in its length:
+    /// hostile review 55, F10) is answered from here and charged the same, so the budgets
+    /// run out exactly where they would have.
+    resolved: HashMap<Vec<Segment>, Memo>,
+}
+
+#[derive(Debug)]
+struct Memo {
+    value: Value,
+    nodes: usize,
+    bytes: usize,
 }
 
 /// The most nodes one resolution produces.
 pub const MAX_RESOLVED_NODES: usize = 500_000;
 /// The most bytes of string templates one resolution produces.
 pub const MAX_RESOLVED_BYTES: usize = 64 << 20;
+/// The most interpolations resolved one inside another (a chain of references): deeper ones are
+/// refused before the stack runs out. OmegaConf stops well before it, with a `RecursionError`
+/// (a chain of 100 references already).
+pub const MAX_NESTED_INTERPOLATIONS: usize = 256;
 
 impl<'env> Resolver<'env> {
     pub fn new(env: &'env BTreeMap<String, String>) -> Self {
@@ -151,6 +168,7 @@ impl<'env> Resolver<'env> {
             active: Vec::new(),
             nodes_left: MAX_RESOLVED_NODES,
             bytes_left: MAX_RESOLVED_BYTES,
+            resolved: HashMap::new(),
         }
     }
 
@@ -174,12 +192,41 @@ impl<'env> Resolver<'env> {
         value: &Value,
         path: &[Segment],
     ) -> Result<Value, InterpolationError> {
-        self.nodes_left = self.nodes_left.checked_sub(1).ok_or_else(|| InterpolationError {
+        // The tree may have changed since the last call: nothing resolved then is reused.
+        self.resolved.clear();
+        self.resolve_node(root, value, path)
+    }
+
+    fn charge_nodes(&mut self, nodes: usize, path: &[Segment]) -> Result<(), InterpolationError> {
+        self.nodes_left = self.nodes_left.checked_sub(nodes).ok_or_else(|| InterpolationError {
             key: display_path(path),
             message: format!(
                 "the configuration resolves to more than {MAX_RESOLVED_NODES} values (references repeating references)"
             ),
         })?;
+        Ok(())
+    }
+
+    fn charge_bytes(&mut self, bytes: usize, path: &[Segment]) -> Result<(), InterpolationError> {
+        self.bytes_left = self
+            .bytes_left
+            .checked_sub(bytes)
+            .ok_or_else(|| InterpolationError {
+                key: display_path(path),
+                message: format!(
+                    "the configuration's templates resolve to more than {MAX_RESOLVED_BYTES} bytes"
+                ),
+            })?;
+        Ok(())
+    }
+
+    fn resolve_node(
+        &mut self,
+        root: &Value,
+        value: &Value,
+        path: &[Segment],
+    ) -> Result<Value, InterpolationError> {
+        self.charge_nodes(1, path)?;
         match value {
             Value::String(s) if has_interpolation(s) => self.resolve_string(root, s, path),
             Value::Object(map) => {
@@ -187,7 +234,7 @@ impl<'env> Resolver<'env> {
                 for (key, item) in map {
                     let mut child = path.to_vec();
                     child.push(Segment::Key(key.clone()));
-                    resolved.insert(key.clone(), self.resolve_value(root, item, &child)?);
+                    resolved.insert(key.clone(), self.resolve_node(root, item, &child)?);
                 }
                 Ok(Value::Object(resolved))
             }
@@ -196,7 +243,7 @@ impl<'env> Resolver<'env> {
                 for (i, item) in items.iter().enumerate() {
                     let mut child = path.to_vec();
                     child.push(Segment::Index(i));
-                    resolved.push(self.resolve_value(root, item, &child)?);
+                    resolved.push(self.resolve_node(root, item, &child)?);
                 }
                 Ok(Value::Array(resolved))
             }
@@ -214,13 +261,33 @@ impl<'env> Resolver<'env> {
             key: display_path(path),
             message,
         };
+        if let Some(memo) = self.resolved.get(path) {
+            let (value, nodes, bytes) = (memo.value.clone(), memo.nodes, memo.bytes);
+            self.charge_nodes(nodes, path)?;
+            self.charge_bytes(bytes, path)?;
+            return Ok(value);
+        }
         if self.active.iter().any(|p| p == path) {
             return Err(error("recursive interpolation detected".into()));
         }
+        if self.active.len() >= MAX_NESTED_INTERPOLATIONS {
+            return Err(error(format!(
+                "interpolations nested deeper than {MAX_NESTED_INTERPOLATIONS} (a chain of references; OmegaConf stops before, with a RecursionError)"
+            )));
+        }
         let parts = parse_template(s).map_err(error)?;
+        let (nodes_before, bytes_before) = (self.nodes_left, self.bytes_left);
         self.active.push(path.to_vec());
         let result = self.evaluate_parts(root, &parts, path);
         self.active.pop();
+        if let Ok(value) = &result {
+            let memo = Memo {
+                value: value.clone(),
+                nodes: nodes_before - self.nodes_left,
+                bytes: bytes_before - self.bytes_left,
+            };
+            self.resolved.insert(path.to_vec(), memo);
+        }
         result
     }
 
@@ -244,14 +311,7 @@ impl<'env> Resolver<'env> {
                 }
             }
         }
-        self.bytes_left = self.bytes_left.checked_sub(text.len()).ok_or_else(|| {
-            InterpolationError {
-                key: display_path(path),
-                message: format!(
-                    "the configuration's templates resolve to more than {MAX_RESOLVED_BYTES} bytes"
-                ),
-            }
-        })?;
+        self.charge_bytes(text.len(), path)?;
         Ok(Value::String(text))
     }
 
@@ -400,7 +460,7 @@ impl<'env> Resolver<'env> {
             }
             node = next;
         }
-        Ok(Some(self.resolve_value(root, node, target)?))
+        Ok(Some(self.resolve_node(root, node, target)?))
     }
 }
 

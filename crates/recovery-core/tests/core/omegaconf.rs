@@ -238,3 +238,55 @@ fn other_resolvers_are_refused_naming_the_resolver() {
         );
     }
 }
+
+/// A chain of relative references (`k0: ${.k1}`, `k1: ${.k2}`, ..., `"end"`), with `fan` more
+/// keys referring to its head.
+fn chain(links: usize, fan: usize) -> Value {
+    let mut case = serde_json::Map::new();
+    for i in 0..links {
+        case.insert(format!("k{i}"), json!(format!("${{.k{}}}", i + 1)));
+    }
+    case.insert(format!("k{links}"), json!("end"));
+    for j in 0..fan {
+        case.insert(format!("f{j}"), json!("${.k0}"));
+    }
+    json!({ "case": case })
+}
+
+/// Every key of a chain met from many keys resolves to its end: a string resolved once is
+/// answered again from what it resolved to (a 3,000-link chain took ~50 s, cubic in its length:
+/// hostile review 55, F10). OmegaConf itself resolves a chain of 50 links and no longer one.
+#[test]
+fn a_chain_of_references_met_from_many_keys_resolves_each_to_its_end() {
+    let root = chain(200, 2_000);
+    let env = environment();
+    let resolved = Resolver::new(&env)
+        .resolve_at(&root, &[Segment::Key("case".into())])
+        .expect("resolves");
+    let values = resolved.as_object().expect("a mapping");
+    assert_eq!(values.len(), 201 + 2_000);
+    assert!(values.values().all(|v| v == "end"), "{resolved}");
+    let oracle = python(
+        "import json, sys\nfrom omegaconf import OmegaConf\nc = OmegaConf.create(json.load(sys.stdin))\nprint(json.dumps(OmegaConf.to_container(c, resolve=True)))",
+        chain(50, 20).to_string().as_bytes(),
+    );
+    let oracle: Value = serde_json::from_slice(&oracle).expect("OmegaConf's answer");
+    let ours = Resolver::new(&env)
+        .resolve_at(&chain(50, 20), &[Segment::Key("case".into())])
+        .expect("resolves");
+    assert_eq!(ours, oracle["case"]);
+}
+
+/// A chain deeper than the resolver nests interpolations is refused naming a key of it, before
+/// the stack runs out (OmegaConf stops at a RecursionError much sooner).
+#[test]
+fn a_chain_deeper_than_interpolations_nest_is_refused_naming_a_key() {
+    let env = environment();
+    let refused = Resolver::new(&env)
+        .resolve_at(&chain(100_000, 0), &[Segment::Key("case".into())])
+        .expect_err("refused");
+    assert!(
+        refused.key.starts_with("case.k") && refused.message.contains("nested deeper than 256"),
+        "{refused:?}"
+    );
+}
