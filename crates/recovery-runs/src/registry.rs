@@ -705,7 +705,10 @@ impl Registry {
         let roots: Vec<PathBuf> = self.confinement.roots().to_vec();
         let found = blocking(move || Ok(find_manifests(&roots))).await?;
         let mut report = ReindexReport::default();
-        for group in self.reindex_groups(found.in_place, merged).await? {
+        let in_place = self
+            .set_apart_unknown_copies(found.in_place, &mut report)
+            .await?;
+        for group in self.reindex_groups(in_place, merged).await? {
             let group = group.as_slice();
             let _rows = self.lock_rows_of(group).await?;
             let mut journals = Vec::new();
@@ -719,6 +722,69 @@ impl Registry {
         }
         self.reindex_replaced(found.set_aside, &mut report).await?;
         Ok(report)
+    }
+
+    /// Sets apart the manifests of a run that several manifests name when the database does not
+    /// record the run at one of them (a rebuilt database, a run moved and copied): the run and
+    /// its copies (`cp -r` of its folder) cannot be told apart, and whichever a reindex read
+    /// first took the run, the others being called its copies (hostile review 55, F9: after a
+    /// restore, a copy that sorted first took the run from its collector). Each is reported and
+    /// none recorded, until the copies are removed (or given runs of their own) and a reindex
+    /// runs, or a request names one of the outputs (a collector's create or lookup at its own
+    /// output adopts the run there). A run the database records at one of them keeps it: the
+    /// others are its copies, reported as such.
+    async fn set_apart_unknown_copies(
+        &self,
+        manifests: Vec<PathBuf>,
+        report: &mut ReindexReport,
+    ) -> Result<Vec<PathBuf>, RegistryError> {
+        let named = blocking(move || {
+            Ok(manifests
+                .into_iter()
+                .map(|manifest| {
+                    let run_id = recovery_sidecar::read_regular(&manifest)
+                        .ok()
+                        .and_then(|bytes| RunManifest::run_id_of(&bytes));
+                    (manifest, run_id)
+                })
+                .collect::<Vec<_>>())
+        })
+        .await?;
+        let mut by_run: std::collections::HashMap<&str, Vec<&PathBuf>> = Default::default();
+        for (manifest, run_id) in &named {
+            if let Some(run_id) = run_id {
+                by_run.entry(run_id.as_str()).or_default().push(manifest);
+            }
+        }
+        let mut apart = std::collections::HashSet::new();
+        for (run_id, manifests) in by_run.iter().filter(|(_, m)| m.len() > 1) {
+            let recorded =
+                self.store.get_run(run_id).await?.map(|record| {
+                    SidecarPaths::for_output(Path::new(&record.output_path)).manifest
+                });
+            if recorded.is_some_and(|recorded| manifests.contains(&&recorded)) {
+                continue;
+            }
+            let listed: Vec<String> = manifests.iter().map(|m| m.display().to_string()).collect();
+            for manifest in manifests {
+                report.unreadable.push((
+                    manifest.display().to_string(),
+                    format!(
+                        "run {run_id} is named by {} manifests ({}): the run cannot be told from its \
+                         copies; remove the copies (or give them runs of their own), then reindex; \
+                         until then a request naming one of these outputs takes the run there",
+                        manifests.len(),
+                        listed.join(", ")
+                    ),
+                ));
+                apart.insert((*manifest).clone());
+            }
+        }
+        Ok(named
+            .into_iter()
+            .map(|(manifest, _)| manifest)
+            .filter(|manifest| !apart.contains(manifest))
+            .collect())
     }
 
     /// Records the runs an operator replaced (their manifests set aside as

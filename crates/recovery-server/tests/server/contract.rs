@@ -3052,3 +3052,86 @@ async fn an_extension_out_of_its_range_is_refused_with_the_range() {
         assert_eq!(reply.body["message"], said, "{value}");
     }
 }
+
+/// A database rebuilt from files where a run's folder was copied (`cp -r`, the copy sorting
+/// first) takes no side: the run and its copy cannot be told apart, so neither is recorded and
+/// the reindex reports both, until a request names one of the outputs: the collector's lookup
+/// at its own output takes the run there, and the other is a copy from then on (hostile review
+/// 55, F9: the copy took the run, and the collector's own output was refused as "a copy").
+#[tokio::test]
+async fn a_rebuilt_database_takes_no_side_between_a_run_and_its_copy() {
+    let app = TestApp::new().await;
+    let run_id = app.create().await;
+    let original = app.output().parent().expect("dir").to_owned();
+    let copy = app.root.join("aaa/copy");
+    std::fs::create_dir_all(&copy).expect("copy dir");
+    for entry in std::fs::read_dir(&original).expect("dir") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, copy.join(path.file_name().expect("name"))).expect("copy");
+    }
+    let (_fresh, config) = on_a_new_database(&app);
+    let rebuilt = recovery_server::start(config, app.clock.clone())
+        .await
+        .expect("a service on a new database");
+    let unknown = send(
+        rebuilt.clone(),
+        Method::GET,
+        &format!("/runs/{run_id}"),
+        Some(VIEWER),
+        None,
+    )
+    .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND, "{}", unknown.body);
+    let manifests = [
+        recovery_sidecar::SidecarPaths::for_output(&app.output()).manifest,
+        recovery_sidecar::SidecarPaths::for_output(&copy.join("out.jsonl")).manifest,
+    ];
+    let report = send(
+        rebuilt.clone(),
+        Method::POST,
+        "/reindex",
+        Some(OPERATOR),
+        None,
+    )
+    .await;
+    for manifest in &manifests {
+        let said = report.body["unreadable"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|entry| entry[0] == manifest.display().to_string());
+        assert!(
+            said.is_some_and(|e| e[1]
+                .as_str()
+                .is_some_and(|why| why.contains("cannot be told from its copies"))),
+            "{}: {}",
+            manifest.display(),
+            report.body
+        );
+    }
+    let lookup = send(
+        rebuilt.clone(),
+        Method::GET,
+        &format!(
+            "/runs?output_path={}",
+            app.output().display().to_string().replace('/', "%2F")
+        ),
+        Some(VIEWER),
+        None,
+    )
+    .await;
+    assert_eq!(lookup.body["runs"][0]["run_id"], run_id, "{}", lookup.body);
+    let again = send(rebuilt, Method::POST, "/reindex", Some(OPERATOR), None).await;
+    let copy_said = again.body["unreadable"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|entry| entry[0] == manifests[1].display().to_string());
+    assert!(
+        copy_said.is_some_and(|e| e[1]
+            .as_str()
+            .is_some_and(|why| why.contains("a copy of run"))),
+        "{}",
+        again.body
+    );
+}
