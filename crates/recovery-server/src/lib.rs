@@ -395,7 +395,17 @@ pub async fn open(config: ServerConfig, clock: Arc<dyn Clock>) -> Result<AppStat
     }
     let store = Store::connect(&config.database_url()).await?;
     for dir in std::iter::once(&config.data_dir).chain(config.roots.iter()) {
+        let made = !dir.exists();
         create_dir(dir)?;
+        // A mistyped root, or one on a file system not mounted yet, starts with no runs:
+        // said loudly (hostile review 55, F8), since runs created now land in the new one.
+        if made && config.roots.contains(dir) {
+            tracing::warn!(
+                root = %dir.display(),
+                "a root that did not exist was created: no runs are under it; if the runs are \
+                 elsewhere (a mistyped --root, a file system not mounted yet), stop and correct it"
+            );
+        }
     }
     // A root made just now is resolved only now (`--root /tmp/new/..`).
     refuse_file_system_root(&config.roots)?;

@@ -1982,6 +1982,30 @@ fn a_log_filter_that_cannot_be_read_is_said_not_silently_replaced() {
     }
 }
 
+/// A root that did not exist is made at start and said loudly, naming it (a mistyped `--root`,
+/// or a file system not mounted yet, starts with no runs: hostile review 55, F8); a root that
+/// exists is not.
+#[test]
+fn a_root_made_at_start_is_said_loudly() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (data, root, _) = prepare(dir.path());
+    let unmounted = dir.path().join("mnt/nfs/runs");
+    for (root, made) in [(&unmounted, true), (&root, false)] {
+        let log = dir.path().join("serve.log");
+        let server =
+            Server::start_logging_to(&data, root, std::fs::File::create(&log).expect("log"));
+        assert!(server.terminate().success());
+        let said = std::fs::read_to_string(&log).expect("log");
+        assert_eq!(
+            said.contains("a root that did not exist was created")
+                && said.contains(&root.display().to_string()),
+            made,
+            "{}: {said}",
+            root.display()
+        );
+    }
+}
+
 #[test]
 fn a_start_on_a_port_in_use_fails_before_it_makes_any_file() {
     let dir = tempfile::tempdir().expect("dir");
