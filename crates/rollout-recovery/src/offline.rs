@@ -24,6 +24,32 @@ struct Bundle {
     rows: Option<Vec<Value>>,
 }
 
+/// A bundle holding a number no digest can be taken of: the request's fault, as the service
+/// answers it (`invalid_request` naming the key), which offline `validate` reports as the
+/// `invalid` outcome the service records.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {message}")]
+struct NumberInBundle {
+    file: String,
+    /// `<key>: a number with no canonical form: ...`.
+    message: String,
+}
+
+/// What a bundle file may hold: its four parts, and the other fields of the request bodies it is
+/// often cut from (ignored here). Anything else is refused, so a misspelt part (`enviroment`)
+/// never silently changes the digest (hostile review 55, F12).
+const BUNDLE_KEYS: [&str; 4] = ["config", "global_config", "environment", "rows"];
+const REQUEST_KEYS: [&str; 8] = [
+    "source_path",
+    "output_path",
+    "lease_id",
+    "allow_unsafe",
+    "max_rollout_attempts",
+    "retry_terminal_timeouts",
+    "replace",
+    "operation_id",
+];
+
 /// The refusal of a document holding a number no digest can be taken of (`1e999`, which
 /// Python reads as infinity), naming the key (`config.a.b[1]: a number with no canonical
 /// form: ...`), as the service names it; `None` when the text is not JSON or has no such number.
@@ -45,10 +71,27 @@ fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
         // JSON whose digest cannot be taken is named by its key, not called "not JSON"
         // (hostile review 54).
         Err(error) => match number_refusal(&text) {
-            Some(refusal) => bail!("{}: {refusal}", path.display()),
+            Some(message) => {
+                return Err(NumberInBundle {
+                    file: path.display().to_string(),
+                    message,
+                }
+                .into());
+            }
             None => bail!("{} is not JSON: {error}", path.display()),
         },
     };
+    if let Some(unknown) = value.as_object().and_then(|object| {
+        object.keys().find(|key| {
+            !BUNDLE_KEYS.contains(&key.as_str()) && !REQUEST_KEYS.contains(&key.as_str())
+        })
+    }) {
+        bail!(
+            "{}: {unknown:?} is no part of a bundle (its parts: {})",
+            path.display(),
+            BUNDLE_KEYS.join(", ")
+        );
+    }
     let field = |name: &str| {
         value
             .get(name)
@@ -216,7 +259,24 @@ pub struct ValidateArgs {
 pub fn validate(args: ValidateArgs) -> anyhow::Result<i32> {
     let output = std::fs::canonicalize(&args.output).unwrap_or(args.output.clone());
     let paths = SidecarPaths::for_output(&output);
-    let bundle = read_bundle(&args.bundle)?;
+    let bundle = match read_bundle(&args.bundle) {
+        Ok(bundle) => bundle,
+        // Answered as the service answers and records it (hostile review 55, F13: exit 2).
+        Err(error) => match error.downcast_ref::<NumberInBundle>() {
+            Some(number) => {
+                let field = number.message.split(": ").next().unwrap_or_default();
+                let report = json!({
+                    "outcome": "invalid",
+                    "code": "invalid_request",
+                    "message": number.message,
+                    "details": {"field": field},
+                });
+                println!("{}", serde_json::to_string_pretty(&report)?);
+                return Ok(1);
+            }
+            None => return Err(error),
+        },
+    };
     let raw = |value: &Value| serde_json::value::to_raw_value(value);
     // The service's decision, from the same code (`decide_resume`): the load-time checks, the
     // current identity (a source that cannot be read resumes as overridden with

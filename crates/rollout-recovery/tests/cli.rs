@@ -1713,6 +1713,39 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
             "{command:?}: {stderr}"
         );
     }
+    // Offline validate answers it as the service answers and records it: `invalid`, exit 1,
+    // naming the key (review 55, F13: exit 2 and a bare error).
+    let invalid = validate(&infinite);
+    assert_eq!(invalid.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&invalid.stdout).expect("a JSON report");
+    assert_eq!(
+        (
+            &report["outcome"],
+            &report["code"],
+            &report["details"]["field"]
+        ),
+        (
+            &json!("invalid"),
+            &json!("invalid_request"),
+            &json!("config.a[1]")
+        ),
+        "{report}"
+    );
+    // A part no bundle has (a misspelt `environment`) is refused, never ignored (F12).
+    let misspelt = dir.path().join("misspelt_bundle.json");
+    std::fs::write(
+        &misspelt,
+        json!({"config": config(0.3), "global_config": global(8000), "enviroment": {"X": "1"}})
+            .to_string(),
+    )
+    .expect("bundle");
+    let refused = validate(&misspelt);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("\"enviroment\" is no part of a bundle"),
+        "{stderr}"
+    );
     // The operator's policy reaches the offline tools as it reaches `serve` (one set of flags
     // and variables): a key declared operational resumes offline too.
     let declared = Command::new(BIN)
