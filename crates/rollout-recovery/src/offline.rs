@@ -106,7 +106,13 @@ fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
     };
     let rows = match value.get("rows") {
         None | Some(Value::Null) => None,
-        Some(Value::Array(rows)) => Some(rows.clone()),
+        Some(Value::Array(rows)) => {
+            // As the service refuses them (review 55, F12: `[1, "x", null]` was taken).
+            if let Some(i) = rows.iter().position(|row| !row.is_object()) {
+                bail!("{}: rows[{i}]: must be a JSON object", path.display());
+            }
+            Some(rows.clone())
+        }
         Some(_) => bail!("{}: rows must be a list", path.display()),
     };
     Ok(Bundle {

@@ -1746,6 +1746,21 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         stderr.contains("\"enviroment\" is no part of a bundle"),
         "{stderr}"
     );
+    // Nor is a row that is no object taken (the service refuses it).
+    let scalar_rows = dir.path().join("scalar_rows_bundle.json");
+    std::fs::write(
+        &scalar_rows,
+        json!({"config": config(0.3), "global_config": global(8000), "rows": [{"a": 1}, "x"]})
+            .to_string(),
+    )
+    .expect("bundle");
+    let refused = validate(&scalar_rows);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("rows[1]: must be a JSON object"),
+        "{stderr}"
+    );
     // The operator's policy reaches the offline tools as it reaches `serve` (one set of flags
     // and variables): a key declared operational resumes offline too.
     let declared = Command::new(BIN)
