@@ -64,8 +64,26 @@ fn number_refusal(text: &[u8]) -> Option<String> {
     })
 }
 
+/// Opens a file argument for reading: a regular file, symbolic links followed; a directory, FIFO,
+/// socket or device is refused at once, as `plan` and `validate` refuse them (hostile review 55,
+/// F11: `digest /dev/zero` grew without bound, a FIFO hung `identity`). Standard input is
+/// named `-` where a command reads it.
+fn open_file(path: &Path) -> anyhow::Result<std::fs::File> {
+    recovery_sidecar::open_regular_following(path)
+        .with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The bytes of a file argument (see [`open_file`]).
+fn read_file(path: &Path) -> anyhow::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open_file(path)?
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(bytes)
+}
+
 fn read_bundle(path: &Path) -> anyhow::Result<Bundle> {
-    let text = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = read_file(path)?;
     let value = match recovery_core::canonical::parse_json(&text) {
         Ok(value) => value,
         // JSON whose digest cannot be taken is named by its key, not called "not JSON"
@@ -219,7 +237,7 @@ pub fn identity(args: IdentityArgs) -> anyhow::Result<i32> {
 /// compared (hostile review 53, F9: `/etc/passwd` failed with a parse error naming no file, and
 /// a bundle given instead was answered with drift on `config` and `global_config`).
 fn read_saved_identity(path: &std::path::Path) -> anyhow::Result<Value> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bytes = read_file(path)?;
     let saved: Value = serde_json::from_slice(&bytes)
         .with_context(|| format!("--against {}: not JSON", path.display()))?;
     // A number no digest can be taken of is named by its key, as in a bundle (review 55).
@@ -419,13 +437,10 @@ pub struct ClassifyArgs {
 
 pub fn classify(args: ClassifyArgs) -> anyhow::Result<i32> {
     let policy = match &args.policy {
-        Some(path) => ClassificationPolicy::from_json(
-            &std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
-        )?,
+        Some(path) => ClassificationPolicy::from_json(&read_file(path)?)?,
         None => ClassificationPolicy::default(),
     };
-    let file = std::fs::File::open(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let file = open_file(&args.file)?;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let print_rows = args.rows;
     let summary = recovery_core::classify::classify_jsonl(
@@ -448,9 +463,7 @@ pub fn digest(path: Option<PathBuf>, jsonl: bool) -> anyhow::Result<()> {
     let reader: Box<dyn std::io::Read + Send> = match path.as_deref() {
         None => Box::new(std::io::stdin()),
         Some(p) if p.as_os_str() == "-" => Box::new(std::io::stdin()),
-        Some(p) => Box::new(
-            std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?,
-        ),
+        Some(p) => Box::new(open_file(p)?),
     };
     if jsonl {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -1746,6 +1746,22 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         stderr.contains("\"enviroment\" is no part of a bundle"),
         "{stderr}"
     );
+    // A FIFO or a device given as a file is refused at once, as plan and validate refuse it
+    // (review 55, F11: a FIFO hung `identity`, `digest /dev/zero` grew without bound).
+    let fifo = dir.path().join("fifo");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    for args in [
+        vec!["identity", "--bundle", fifo.to_str().expect("utf-8")],
+        vec!["digest", fifo.to_str().expect("utf-8")],
+        vec!["digest", "/dev/zero"],
+        vec!["classify", fifo.to_str().expect("utf-8")],
+    ] {
+        let refused = Command::new(BIN).args(&args).output().expect("run");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("not a regular file"), "{args:?}: {stderr}");
+    }
     // Nor is a row that is no object taken (the service refuses it).
     let scalar_rows = dir.path().join("scalar_rows_bundle.json");
     std::fs::write(
