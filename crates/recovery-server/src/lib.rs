@@ -172,15 +172,23 @@ async fn loopback_host_only(
     if !state.config.tokens.is_empty() {
         return next.run(request).await;
     }
-    let host = request
+    // Every `Host` a request carries, and the authority of an absolute-form target, must name
+    // the loopback: not only the first (hostile review 55, F15: a second `Host`, or
+    // `GET http://other.example/runs`, was answered). Likewise every `Origin` of a change.
+    let named_hosts = request
         .headers()
-        .get(axum::http::header::HOST)
-        .map(|h| h.to_str().unwrap_or("\u{fffd}"));
+        .get_all(axum::http::header::HOST)
+        .iter()
+        .map(|h| h.to_str().unwrap_or("\u{fffd}").to_owned())
+        .chain(request.uri().authority().map(|a| a.as_str().to_owned()));
+    let mut foreign_hosts = named_hosts.filter(|host| !names_loopback(host));
+    let host = foreign_hosts.next();
     let foreign_origin = !request.method().is_safe()
         && request
             .headers()
-            .get(axum::http::header::ORIGIN)
-            .is_some_and(|origin| !is_loopback_origin(origin.to_str().unwrap_or("null")));
+            .get_all(axum::http::header::ORIGIN)
+            .iter()
+            .any(|origin| !is_loopback_origin(origin.to_str().unwrap_or("null")));
     if foreign_origin {
         use axum::response::IntoResponse as _;
         return error::ApiError::new(
@@ -192,7 +200,7 @@ async fn loopback_host_only(
         .into_response();
     }
     match host {
-        Some(host) if !names_loopback(host) => {
+        Some(host) => {
             use axum::response::IntoResponse as _;
             error::ApiError::new(
                 error::ErrorCode::Forbidden,
@@ -203,7 +211,7 @@ async fn loopback_host_only(
             )
             .into_response()
         }
-        _ => next.run(request).await,
+        None => next.run(request).await,
     }
 }
 

@@ -2717,6 +2717,48 @@ async fn without_tokens_only_requests_naming_a_loopback_host_are_answered() {
         .await
         .expect("runs");
     assert_eq!(runs.len(), 1, "only a loopback request created the run");
+    // Every Host a request names counts, and an absolute-form target's authority too (review
+    // 55, F15: a second Host, or `GET http://attacker.example/runs`, was answered); and every
+    // Origin of a change.
+    let refused = [
+        (
+            "a second Host",
+            "/runs",
+            vec![("host", "localhost"), ("host", "attacker.example")],
+        ),
+        (
+            "an absolute-form target",
+            "http://attacker.example/runs",
+            vec![("host", "localhost")],
+        ),
+        (
+            "a second Origin",
+            "/reindex",
+            vec![
+                ("host", "localhost"),
+                ("origin", "http://localhost"),
+                ("origin", "https://attacker.example"),
+            ],
+        ),
+    ];
+    for (case, uri, headers) in refused {
+        let method = if uri == "/reindex" {
+            Method::POST
+        } else {
+            Method::GET
+        };
+        let mut request = Request::builder().method(method).uri(uri);
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        let (status, _, bytes) = respond(
+            app.state.clone(),
+            request.body(Body::empty()).expect("request"),
+        )
+        .await;
+        let reply = Reply::of(status, &bytes);
+        assert_eq!(status, StatusCode::FORBIDDEN, "{case}: {}", reply.body);
+    }
 }
 
 /// Without tokens, a change sent by a web page of another site is refused (a browser posts a
