@@ -1051,7 +1051,10 @@ impl Registry {
                 return refuse(format!("{name} is a companion file of the run at {stem}.*"));
             }
         }
-        for companion in movable(paths).into_iter().filter(|p| **p != paths.output) {
+        // Every companion, those never moved aside too (its lock file, its classification
+        // policy: review 56, N2: `b_run.lock` created as an output first, then `b.jsonl`, made
+        // two runs, one's lock file the other's output).
+        for companion in paths.all().into_iter().filter(|p| *p != paths.output) {
             let recorded = self
                 .store()
                 .find_run_by_output(&companion.display().to_string())

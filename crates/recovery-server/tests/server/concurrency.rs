@@ -1269,19 +1269,28 @@ async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_
             .status,
         StatusCode::CREATED
     );
-    let mut companion_first = app.create_body();
-    companion_first["output_path"] = json!(app.root.join("other/c_failures.jsonl"));
-    assert_eq!(
-        app.call(
-            Method::POST,
-            "/runs",
-            Some(COLLECTOR),
-            Some(companion_first)
-        )
-        .await
-        .status,
-        StatusCode::CREATED
-    );
+    // Companions created first as outputs: one moved aside on a replacement, and two never
+    // moved, the lock file and the classification policy (review 56, N2: those two were missed).
+    for companion in [
+        "other/c_failures.jsonl",
+        "other/l_run.lock",
+        "other/p_failure_classification.json",
+    ] {
+        let mut companion_first = app.create_body();
+        companion_first["output_path"] = json!(app.root.join(companion));
+        assert_eq!(
+            app.call(
+                Method::POST,
+                "/runs",
+                Some(COLLECTOR),
+                Some(companion_first)
+            )
+            .await
+            .status,
+            StatusCode::CREATED,
+            "{companion}"
+        );
+    }
     std::fs::create_dir_all(app.root.join("exp/dir.jsonl")).expect("dir");
     let row = |extra: Value| {
         let mut row = json!({"agent_ref": {"name": "math_agent"}, "_ng_task_index": 0, "_ng_rollout_index": 0});
@@ -1348,6 +1357,18 @@ async fn create_refuses_what_the_planner_or_another_run_would_refuse_and_writes_
         (
             "an output whose companion is another run's output",
             json!(app.root.join("other/c.jsonl")),
+            rows(),
+            "companion",
+        ),
+        (
+            "an output whose lock file is another run's output",
+            json!(app.root.join("other/l.jsonl")),
+            rows(),
+            "companion",
+        ),
+        (
+            "an output whose classification policy is another run's output",
+            json!(app.root.join("other/p.jsonl")),
             rows(),
             "companion",
         ),
