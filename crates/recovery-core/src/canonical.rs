@@ -443,6 +443,37 @@ pub(crate) fn canonicalize_valid_utf8(
     out: &mut Vec<u8>,
     scratch: &mut Scratch,
 ) -> Result<(), CanonicalError> {
+    let start = out.len();
+    match canonicalize_in_one_pass(input, out, scratch) {
+        Err(error @ CanonicalError::NonFinite { .. }) => {
+            out.truncate(start);
+            replaced_infinity(input, out).ok_or(error)
+        }
+        result => result,
+    }
+}
+
+/// The canonical text of a document whose infinite number is replaced by a repeated key before
+/// it is written (`{"a": 1e999, "a": 1}`): Python reads it, the last value winning, and writes
+/// it, where one pass refuses the number when it meets it (review 56, N1: a create took such a
+/// configuration and its validate refused it). Read whole, repeats resolved, then written;
+/// `None` when the number is still there (or the document is not one serde_json reads), and
+/// the one-pass refusal stands.
+fn replaced_infinity(input: &[u8], out: &mut Vec<u8>) -> Option<()> {
+    check_depth(input).ok()?;
+    let mut deserializer = serde_json::Deserializer::from_slice(input);
+    deserializer.disable_recursion_limit();
+    let value: Value = serde::Deserialize::deserialize(&mut deserializer).ok()?;
+    deserializer.end().ok()?;
+    out.extend_from_slice(canonical_value(&value).ok()?.as_bytes());
+    Some(())
+}
+
+fn canonicalize_in_one_pass(
+    input: &[u8],
+    out: &mut Vec<u8>,
+    scratch: &mut Scratch,
+) -> Result<(), CanonicalError> {
     scratch.keys.clear();
     scratch.members.clear();
     let mut parser = TextCanonicalizer {

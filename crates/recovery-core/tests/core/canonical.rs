@@ -353,3 +353,52 @@ fn the_depth_check_counts_brackets_only_outside_strings() {
         );
     }
 }
+
+/// An infinite number that a repeated key replaces is read and written as CPython does (the
+/// last value wins before anything is written), and one that stays is refused as CPython refuses
+/// it (review 56, N1: one pass refused the first kind, so a create took a configuration its
+/// validate refused). Every document both ways: raw text, parsed value, materialized line.
+#[test]
+fn an_infinite_number_replaced_by_a_repeated_key_digests_as_cpython_reads_it() {
+    let docs = [
+        r#"{"a": 1e999, "a": 1}"#,
+        r#"{"b": [1, {"a": -1e400, "a": {"c": 2.50}}], "a": 3}"#,
+        r#"{"a": [1e999], "z": "\u00e9", "a": "x"}"#,
+        r#"{"a": 1, "a": 1e999}"#,
+        r#"{"a": {"b": 1e999}, "c": 1}"#,
+        r#"[{"a": 1e999, "a": 2}, 1e999]"#,
+    ];
+    let input = docs.join("\n") + "\n";
+    let out = python(
+        "import sys, json, hashlib\nfor line in sys.stdin:\n    try:\n        print(hashlib.sha256(json.dumps(json.loads(line), sort_keys=True, separators=(',', ':'), ensure_ascii=False, allow_nan=False).encode()).hexdigest())\n    except ValueError:\n        print('ERROR')",
+        input.as_bytes(),
+    );
+    let expected: Vec<&str> = std::str::from_utf8(&out).expect("utf8").lines().collect();
+    assert_eq!(expected.len(), docs.len());
+    assert_eq!(
+        expected.iter().filter(|e| **e == "ERROR").count(),
+        3,
+        "CPython keeps three of them: {expected:?}"
+    );
+    for (doc, expected) in docs.iter().zip(expected) {
+        let ours = digest_text(doc.as_bytes()).map_err(|e| e.to_string());
+        match expected {
+            "ERROR" => assert!(
+                ours.as_ref().is_err_and(|e| e.contains("NaN and infinite")),
+                "{doc}: {ours:?}"
+            ),
+            digest => {
+                assert_eq!(ours.as_deref(), Ok(digest), "{doc}");
+                let value = parse_json(doc.as_bytes()).expect("read");
+                assert_eq!(
+                    recovery_core::canonical::digest(&value).as_deref(),
+                    Ok(digest),
+                    "{doc}"
+                );
+                let line = format!("{doc}\n");
+                let rows = recovery_core::materialized::materialized_digest(line.as_bytes(), 1);
+                assert!(rows.is_ok(), "{doc}: {rows:?}");
+            }
+        }
+    }
+}
