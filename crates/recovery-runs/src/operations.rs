@@ -943,7 +943,7 @@ impl Registry {
         request: NewRun,
         default_cap: u64,
     ) -> Result<PreparedRun, OpError> {
-        self.check_output(paths, &request.source).await?;
+        self.check_output(paths, Some(&request.source)).await?;
         let paths = paths.clone();
         blocking(move || prepare(&request, &paths, default_cap)).await
     }
@@ -971,7 +971,15 @@ impl Registry {
         Ok(())
     }
 
-    async fn check_output(&self, paths: &SidecarPaths, source: &Path) -> Result<(), OpError> {
+    /// Refuses an output a run cannot have: a link on the way, a file that is not a regular
+    /// one, a name the service reads as a run's manifest, files that are another run's, and
+    /// (for a create, which names its source) a companion that is the source dataset itself:
+    /// a create moves stale companions aside, and would move the dataset (review 57, M1).
+    async fn check_output(
+        &self,
+        paths: &SidecarPaths,
+        source: Option<&Path>,
+    ) -> Result<(), OpError> {
         let refuse = |why: String| Err(OpError::PathRefused(format!("output_path: {why}")));
         if let Some(link) = paths.symlinks().first() {
             return refuse(format!(
@@ -1000,8 +1008,16 @@ impl Registry {
             }
             _ => {}
         }
-        if paths.output == source {
-            return refuse("is the source dataset itself".into());
+        if let Some(source) = source {
+            if paths.output == source {
+                return refuse("is the source dataset itself".into());
+            }
+            if let Some(companion) = paths.all().into_iter().find(|p| *p == source) {
+                return refuse(format!(
+                    "its companion {} is the source dataset: give the output or the dataset another name",
+                    companion.display()
+                ));
+            }
         }
         let name = paths
             .output
@@ -1443,6 +1459,10 @@ impl Registry {
                 run_id: Some(record.run_id),
             });
         }
+        // What a create refuses, an import refuses: an output that is another run's companion
+        // (its lock file, its coverage snapshot, which the run rewrites), or whose companions
+        // are another run's files (review 57, M4, M5: an import shared files with a run).
+        self.check_output(run.paths(), None).await?;
         if draft {
             // The plan refuses a run beside a draft dispatch journal: nothing is imported that
             // could not be planned (hostile review 35).

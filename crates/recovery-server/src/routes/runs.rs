@@ -192,7 +192,9 @@ pub async fn import_legacy(
             ),
         ));
     }
-    let run = state.registry.lock(&paths).await?;
+    // Under the directory's creation lock, as a create: the companion checks and the import
+    // are one step against creates and imports of outputs sharing files.
+    let run = state.registry.lock_creating(&paths).await?;
     let work = state.clone();
     let manifest = state
         .detached(async move {

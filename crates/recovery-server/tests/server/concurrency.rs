@@ -1113,6 +1113,85 @@ async fn racing_creates_of_an_output_and_another_outputs_companion_create_one_ru
     }
 }
 
+/// An import refuses what a create refuses: an output that is another run's companion (run t's
+/// coverage snapshot, which t rewrites at its next lease), and one whose companion is another
+/// run's output (review 57, M4, M5: an import shared files with a run and lost its outcome when
+/// the run rewrote it). A create whose companion is its own source dataset is refused before it
+/// moves the dataset aside as a stale companion (M1). Nothing is written by any of them.
+#[tokio::test]
+async fn an_import_or_a_create_never_takes_another_runs_files_or_its_own_dataset() {
+    let app = TestApp::new().await;
+    let dir = app.root.join("shared");
+    std::fs::create_dir_all(&dir).expect("dir");
+    for output in ["t.jsonl", "q_run.lock"] {
+        let mut body = app.create_body();
+        body["output_path"] = json!(dir.join(output));
+        let created = app
+            .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+            .await;
+        assert_eq!(
+            created.status,
+            StatusCode::CREATED,
+            "{output}: {}",
+            created.body
+        );
+    }
+    let saved = json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0});
+    for output in ["t_coverage.json", "q.jsonl"] {
+        let output = dir.join(output);
+        std::fs::write(&output, format!("{saved}\n")).expect("a legacy outcome");
+        let inputs: String = rows()
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|r| format!("{r}\n"))
+            .collect();
+        let materialized = recovery_sidecar::SidecarPaths::for_output(&output).materialized;
+        std::fs::write(&materialized, inputs).expect("materialized");
+        let before = std::fs::read(&output).expect("read");
+        let refused = app
+            .call(
+                Method::POST,
+                "/runs/import_legacy",
+                Some(COLLECTOR),
+                Some(json!({"output_path": output, "allow_unsafe": true})),
+            )
+            .await;
+        assert_eq!(
+            (refused.status, refused.body["code"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
+            "{}: {}",
+            output.display(),
+            refused.body
+        );
+        let paths = recovery_sidecar::SidecarPaths::for_output(&output);
+        assert!(!paths.manifest.exists(), "{}", output.display());
+        assert_eq!(std::fs::read(&output).expect("read"), before);
+    }
+    let dataset = dir.join("x_attempts.jsonl");
+    std::fs::write(&dataset, b"{\"q\": 1}\n").expect("dataset");
+    let mut body = app.create_body();
+    body["output_path"] = json!(dir.join("x.jsonl"));
+    body["source_path"] = json!(dataset);
+    let refused = app
+        .call(Method::POST, "/runs", Some(COLLECTOR), Some(body))
+        .await;
+    assert_eq!(
+        (refused.status, refused.body["code"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("path_refused")),
+        "{}",
+        refused.body
+    );
+    assert!(
+        refused.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("is the source dataset")),
+        "{}",
+        refused.body
+    );
+    assert!(dataset.is_file(), "the dataset stays where it is");
+}
+
 #[tokio::test]
 async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_starts_again() {
     let app = TestApp::new().await;
