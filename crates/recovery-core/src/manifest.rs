@@ -290,11 +290,8 @@ impl RunManifest {
         {
             problem("selection_policy", "input should be 'latest_allocated'");
         }
-        let mut next_attempt = NextAttempts::default();
+        let mut next_attempt = read_next_attempt.unwrap_or_default();
         match map.get("next_attempt") {
-            None if read_next_attempt.is_some() => {
-                next_attempt = read_next_attempt.unwrap_or_default();
-            }
             None => {}
             Some(Value::Object(entries)) => {
                 next_attempt.reserve(entries.len());

@@ -1731,21 +1731,27 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         ),
         "{report}"
     );
-    // A part no bundle has (a misspelt `environment`) is refused, never ignored (F12).
-    let misspelt = dir.path().join("misspelt_bundle.json");
-    std::fs::write(
-        &misspelt,
-        json!({"config": config(0.3), "global_config": global(8000), "enviroment": {"X": "1"}})
-            .to_string(),
-    )
-    .expect("bundle");
-    let refused = validate(&misspelt);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("\"enviroment\" is no part of a bundle"),
-        "{stderr}"
-    );
+    // A part no bundle has (a misspelt `environment`) is refused, never ignored, and so is a row
+    // that is no object, as the service refuses it (F12).
+    for (name, bundle, says) in [
+        (
+            "misspelt_bundle.json",
+            json!({"config": config(0.3), "global_config": global(8000), "enviroment": {"X": "1"}}),
+            "\"enviroment\" is no part of a bundle",
+        ),
+        (
+            "scalar_rows_bundle.json",
+            json!({"config": config(0.3), "global_config": global(8000), "rows": [{"a": 1}, "x"]}),
+            "rows[1]: must be a JSON object",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bundle.to_string()).expect("bundle");
+        let refused = validate(&path);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {stderr}");
+        assert!(stderr.contains(says), "{name}: {stderr}");
+    }
     // A FIFO or a device given as a file is refused at once, as plan and validate refuse it
     // (review 55, F11: a FIFO hung `identity`, `digest /dev/zero` grew without bound).
     let fifo = dir.path().join("fifo");
@@ -1762,21 +1768,6 @@ fn offline_plan_identity_and_validate_answer_with_collector_exit_codes() {
         assert_eq!(refused.status.code(), Some(2), "{args:?}: {stderr}");
         assert!(stderr.contains("not a regular file"), "{args:?}: {stderr}");
     }
-    // Nor is a row that is no object taken (the service refuses it).
-    let scalar_rows = dir.path().join("scalar_rows_bundle.json");
-    std::fs::write(
-        &scalar_rows,
-        json!({"config": config(0.3), "global_config": global(8000), "rows": [{"a": 1}, "x"]})
-            .to_string(),
-    )
-    .expect("bundle");
-    let refused = validate(&scalar_rows);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert_eq!(refused.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.contains("rows[1]: must be a JSON object"),
-        "{stderr}"
-    );
     // The operator's policy reaches the offline tools as it reaches `serve` (one set of flags
     // and variables): a key declared operational resumes offline too.
     let declared = Command::new(BIN)
