@@ -1192,6 +1192,60 @@ async fn an_import_or_a_create_never_takes_another_runs_files_or_its_own_dataset
     assert!(dataset.is_file(), "the dataset stays where it is");
 }
 
+/// An import racing a create of an output that is its companion (its failures sidecar, its
+/// lock file): one of the two takes the files, the other is refused (an import takes the same
+/// directory lock a create takes, and checks under it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_import_racing_a_create_of_its_companion_leaves_one_run() {
+    let app = TestApp::new().await;
+    let dir = app.root.join("raced");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let inputs: String = rows()
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| format!("{r}\n"))
+        .collect();
+    let saved = json!({"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0});
+    for round in 0..6 {
+        let legacy = dir.join(format!("i{round}.jsonl"));
+        let paths = recovery_sidecar::SidecarPaths::for_output(&legacy);
+        std::fs::write(&legacy, format!("{saved}\n")).expect("a legacy outcome");
+        std::fs::write(&paths.materialized, &inputs).expect("materialized");
+        let companion = if round % 2 == 0 {
+            &paths.run_lock
+        } else {
+            &paths.failures
+        };
+        let mut create = app.create_body();
+        create["output_path"] = json!(companion);
+        let replies = all_at_once(
+            &app,
+            vec![
+                (
+                    Method::POST,
+                    "/runs/import_legacy".to_owned(),
+                    COLLECTOR,
+                    json!({"output_path": legacy, "allow_unsafe": true}),
+                ),
+                (Method::POST, "/runs".to_owned(), COLLECTOR, create),
+            ],
+        )
+        .await;
+        let created = replies
+            .iter()
+            .filter(|r| r.status == StatusCode::CREATED)
+            .count();
+        assert_eq!(
+            created,
+            1,
+            "{}: {:?}",
+            companion.display(),
+            replies.iter().map(|r| &r.body).collect::<Vec<_>>()
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_new_run_on_a_known_output_supersedes_the_record_and_the_service_starts_again() {
     let app = TestApp::new().await;
